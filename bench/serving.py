@@ -1,0 +1,761 @@
+#!/usr/bin/env python3
+"""Side-by-side serving benchmark: raw onnxruntime, a bare ASGI loop, MLServer, Triton and ours.
+
+One command, from the repository root (any Python >= 3.11; it creates its own peer environment):
+
+    python3 bench/serving.py [--duration 10] [--only raw,bare,mlserver,triton,ours]
+                             [--scenarios mlp-json-c1,mlp-json-c32,conv-bin-c8,conv-json-c8]
+
+What it does (see /work/shared/BENCH.md for the why):
+- creates bench/.peers/venv (mlserver 1.7.1, nvidia-pytriton 0.7.0, onnxruntime, numpy, httptools)
+  if missing, installs Debian's `wrk` if missing, then re-runs itself with that venv's Python;
+- builds the sample MLP and conv models with the repo's own `registry.samples` (via .venv);
+- for each server: starts it on a free loopback port, waits for GET /v2/health/ready, checks one
+  response of every scenario against onnxruntime by hand, loads it with wrk (Lua scripts in
+  bench/wrk/) for --duration seconds per scenario, records req/s, p50, p99, non-2xx, stops it;
+- prints a markdown table with ratios and writes it to bench/results/serving-latest.md.
+
+"ours" is `.venv/bin/mmc-serve --model-repository DIR --host 127.0.0.1 --port PORT`; it is skipped
+with a message when the command is missing or never becomes ready. Exit status 1 when a peer
+fails its check or any load run sees non-2xx answers or socket errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "bench"
+PEER_VENV = BENCH / ".peers" / "venv"
+PEER_PY = PEER_VENV / "bin" / "python"
+PEER_PACKAGES = ["mlserver==1.7.1", "nvidia-pytriton==0.7.0", "onnxruntime", "numpy", "httptools"]
+OUR_PY = REPO / ".venv" / "bin" / "python"
+OUR_SERVE = REPO / ".venv" / "bin" / "mmc-serve"
+RESULTS = BENCH / "results" / "serving-latest.md"
+SERVERS = ["raw", "bare", "mlserver", "triton", "ours"]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    model: str
+    binary: bool
+    conc: int
+    title: str
+
+
+SCENARIOS = {s.name: s for s in [
+    Scenario("mlp-json-c1", "mlp", False, 1, "MLP 1×64, v2 JSON, c=1"),
+    Scenario("mlp-json-c32", "mlp", False, 32, "MLP 1×64, v2 JSON, c=32"),
+    Scenario("conv-bin-c8", "conv", True, 8, "conv 1×3×224×224, binary, c=8"),
+    Scenario("conv-json-c8", "conv", False, 8, "conv 1×3×224×224, v2 JSON, c=8"),
+]}
+SHAPES = {"mlp": (1, 64), "conv": (1, 3, 224, 224)}
+MAX_BATCH = {"mlp": 32, "conv": 8}
+RAW_BATCHES = {"mlp": (1, 32), "conv": (1, 8)}
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Environment: peer venv and wrk
+# --------------------------------------------------------------------------------------------
+
+def ensure_environment() -> None:
+    """Create the peer venv and install wrk when missing; then re-exec under the peer venv."""
+    if not PEER_PY.exists() or subprocess.run(
+            [PEER_PY, "-c", "import importlib.util as u, mlserver, onnxruntime, numpy, httptools; "
+             "assert u.find_spec('pytriton')"],
+            capture_output=True).returncode != 0:
+        PEER_VENV.parent.mkdir(parents=True, exist_ok=True)
+        logf = PEER_VENV.parent / "install.log"
+        log(f"[setup] creating peer venv {PEER_VENV} ({' '.join(PEER_PACKAGES)}); log: {logf}")
+        with open(logf, "w") as out:
+            subprocess.run([sys.executable, "-m", "venv", PEER_VENV], check=True,
+                           stdout=out, stderr=out)
+            r = subprocess.run([PEER_PY, "-m", "pip", "install", *PEER_PACKAGES],
+                               stdout=out, stderr=out)
+        if r.returncode != 0:
+            sys.exit(f"[setup] pip install failed, see {logf}")
+    if shutil.which("wrk") is None:
+        log("[setup] installing Debian wrk (apt-get update && apt-get install -y wrk)")
+        subprocess.run(["apt-get", "update"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["apt-get", "install", "-y", "wrk"], check=True, stdout=subprocess.DEVNULL)
+    if Path(sys.prefix).resolve() != PEER_VENV.resolve():
+        os.execv(PEER_PY, [str(PEER_PY), str(Path(__file__).resolve()), *sys.argv[1:]])
+
+
+# --------------------------------------------------------------------------------------------
+# Models, request bodies, reference outputs (runs under the peer venv: numpy + onnxruntime)
+# --------------------------------------------------------------------------------------------
+
+def build_models(work: Path) -> dict[str, Path]:
+    if not OUR_PY.exists():
+        sys.exit(f"{OUR_PY} is missing: the models are built with the repo's registry.samples")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from registry.samples import mlp, "
+            "conv_net; open(sys.argv[2], 'wb').write(mlp()); "
+            "open(sys.argv[3], 'wb').write(conv_net())")
+    paths = {"mlp": work / "mlp.onnx", "conv": work / "conv.onnx"}
+    subprocess.run([OUR_PY, "-c", code, REPO, paths["mlp"], paths["conv"]], check=True)
+    return paths
+
+
+def session(path: Path, threads: int):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+@dataclass
+class Request:
+    body_file: Path
+    header_len: int | None  # None: plain JSON
+    reference: list[float]  # expected flat output "y"
+
+
+def make_requests(work: Path, models: dict[str, Path]) -> dict[tuple[str, bool], Request]:
+    import numpy as np
+    rng = np.random.default_rng(0)
+    out = {}
+    for model, shape in SHAPES.items():
+        x = np.round(rng.uniform(-1, 1, size=shape), 3).astype(np.float32)
+        ref = session(models[model], 1).run(["y"], {"x": x})[0].ravel().tolist()
+        inp = {"name": "x", "shape": list(shape), "datatype": "FP32"}
+        outputs = [{"name": "y", "parameters": {"binary_data": False}}]
+        js = json.dumps({"inputs": [{**inp, "data": [round(float(v), 3) for v in x.ravel()]}],
+                         "outputs": [{"name": "y"}]}, separators=(",", ":")).encode()
+        f = work / f"{model}.json.body"
+        f.write_bytes(js)
+        out[(model, False)] = Request(f, None, ref)
+        raw = x.astype("<f4").tobytes()
+        hdr = json.dumps({"inputs": [{**inp, "parameters": {"binary_data_size": len(raw)}}],
+                          "outputs": outputs}, separators=(",", ":")).encode()
+        f = work / f"{model}.bin.body"
+        f.write_bytes(hdr + raw)
+        out[(model, True)] = Request(f, len(hdr), ref)
+    return out
+
+
+def raw_onnxruntime(models: dict[str, Path], threads: int, cpus: str | None,
+                    seconds: float = 2.0) -> dict[tuple[str, int], float]:
+    """Rows/s of a tight in-process loop, pinned like the servers."""
+    import numpy as np
+    old = os.sched_getaffinity(0)
+    if cpus:
+        os.sched_setaffinity(0, parse_cpus(cpus))
+    res = {}
+    try:
+        for model, batches in RAW_BATCHES.items():
+            sess = session(models[model], threads)
+            for b in batches:
+                x = np.random.default_rng(1).uniform(-1, 1, (b, *SHAPES[model][1:]))
+                feed = {"x": x.astype(np.float32)}
+                for _ in range(20):
+                    sess.run(["y"], feed)
+                n, t0 = 0, time.perf_counter()
+                while (el := time.perf_counter() - t0) < seconds:
+                    for _ in range(10):
+                        sess.run(["y"], feed)
+                    n += 10
+                res[(model, b)] = n * b / el
+                log(f"  raw onnxruntime {model} batch {b}: {res[(model, b)]:,.0f} rows/s")
+    finally:
+        os.sched_setaffinity(0, old)
+    return res
+
+
+def parse_cpus(spec: str) -> set[int]:
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        a, _, b = part.partition("-")
+        cpus.update(range(int(a), int(b or a) + 1))
+    return cpus
+
+
+# --------------------------------------------------------------------------------------------
+# Servers
+# --------------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Launch:
+    cmd: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    ready_timeout: float = 60.0
+
+
+class ServerFailed(Exception):
+    pass
+
+
+def peer_site_packages() -> str:
+    import sysconfig
+    return sysconfig.get_paths()["purelib"]
+
+
+def setup_bare(work: Path, models: dict[str, Path], port: int, threads: int) -> Launch:
+    d = work / "bare"
+    d.mkdir()
+    for m, p in models.items():
+        shutil.copy(p, d / f"{m}.onnx")
+    return Launch([str(PEER_PY), str(BENCH / "bare_asgi.py"), "--models", str(d),
+                   "--port", str(port), "--threads", str(threads)])
+
+
+def setup_mlserver(work: Path, models: dict[str, Path], port: int, threads: int) -> Launch:
+    d = work / "mlserver"
+    d.mkdir()
+    (d / "settings.json").write_text(json.dumps({
+        "debug": False, "parallel_workers": 0, "host": "127.0.0.1", "http_port": port,
+        "grpc_port": free_port(), "metrics_port": free_port()}))
+    for m, p in models.items():
+        (d / m).mkdir()
+        shutil.copy(p, d / m / "model.onnx")
+        (d / m / "model-settings.json").write_text(json.dumps({
+            "name": m, "implementation": "mlserver_ort.OnnxRuntimeModel",
+            "parameters": {"uri": "./model.onnx", "version": "1", "extra": {"threads": threads}}}))
+    return Launch([str(PEER_VENV / "bin" / "mlserver"), "start", str(d)],
+                  {"PYTHONPATH": str(BENCH)})
+
+
+TRITON_MODEL_PY = '''\
+import os
+import sys
+
+sys.path.insert(0, {site!r})  # the stub does not inherit PYTHONPATH
+
+import numpy as np  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = {threads}
+        so.inter_op_num_threads = 1
+        path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
+        self.sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+    def execute(self, requests):
+        xs = [pb_utils.get_input_tensor_by_name(r, "x").as_numpy() for r in requests]
+        y = self.sess.run(["y"], {{"x": xs[0] if len(xs) == 1 else np.concatenate(xs)}})[0]
+        responses, i = [], 0
+        for x in xs:
+            n = x.shape[0]
+            out = pb_utils.Tensor("y", np.ascontiguousarray(y[i:i + n]))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+            i += n
+        return responses
+'''
+
+TRITON_CONFIG = '''\
+name: "{name}"
+backend: "python"
+max_batch_size: {max_batch}
+input [ {{ name: "x" data_type: TYPE_FP32 dims: [ {in_dims} ] }} ]
+output [ {{ name: "y" data_type: TYPE_FP32 dims: [ 10 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: {delay} }}
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+'''
+
+
+def setup_triton(work: Path, models: dict[str, Path], port: int, threads: int,
+                 delay_us: int) -> Launch:
+    import sysconfig
+    ts = Path(peer_site_packages()) / "pytriton" / "tritonserver"
+    libs = Path(peer_site_packages()) / "nvidia_pytriton.libs"
+    backends = work / "triton-backends"
+    shutil.copytree(ts / "backends", backends)
+    ver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    shutil.copy(ts / "python_backend_stubs" / ver / "triton_python_backend_stub",
+                backends / "python" / "triton_python_backend_stub")
+    repo = work / "triton-models"
+    for m, p in models.items():
+        (repo / m / "1").mkdir(parents=True)
+        shutil.copy(p, repo / m / "1" / "model.onnx")
+        (repo / m / "1" / "model.py").write_text(
+            TRITON_MODEL_PY.format(site=peer_site_packages(), threads=threads))
+        (repo / m / "config.pbtxt").write_text(TRITON_CONFIG.format(
+            name=m, max_batch=MAX_BATCH[m], in_dims=", ".join(map(str, SHAPES[m][1:])),
+            delay=delay_us))
+    # The stub links Debian's libpython 3.11.2 unless the interpreter's own lib folder comes
+    # first; the copied stub also loses its rpath to the wheel's bundled libraries.
+    ld = [sysconfig.get_config_var("LIBDIR"), str(libs), os.environ.get("LD_LIBRARY_PATH", "")]
+    return Launch([str(ts / "bin" / "tritonserver"), "--model-repository", str(repo),
+                   "--backend-directory", str(backends), "--http-port", str(port),
+                   "--grpc-port", str(free_port()), "--metrics-port", str(free_port())],
+                  {"LD_LIBRARY_PATH": ":".join(p for p in ld if p)}, ready_timeout=120)
+
+
+def setup_ours(work: Path, models: dict[str, Path], port: int, threads: int) -> Launch:
+    d = work / "ours"
+    for m, p in models.items():
+        (d / m / "1").mkdir(parents=True)
+        shutil.copy(p, d / m / "1" / "model.onnx")
+        (d / m / "config.json").write_text(
+            json.dumps({"max_batch_size": MAX_BATCH[m], "max_queue_delay_us": 0}))
+    return Launch([str(OUR_SERVE), "--model-repository", str(d), "--host", "127.0.0.1",
+                   "--port", str(port)],
+                  {"MMC_ORT_INTRA_OP_THREADS": str(threads), "MMC_ORT_INTER_OP_THREADS": "1"})
+
+
+class Running:
+    def __init__(self, name: str, launch: Launch, port: int, work: Path, cpus: str | None):
+        self.name, self.port = name, port
+        self.logfile = work / f"{name}.log"
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **launch.env}
+        cmd = (["taskset", "-c", cpus] if cpus else []) + launch.cmd
+        self.fh = open(self.logfile, "wb")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.fh, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=work)
+        self.wait_ready(launch.ready_timeout)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def log_tail(self, n: int = 25) -> str:
+        lines = self.logfile.read_text(errors="replace").splitlines()[-n:]
+        return "\n".join("    | " + ln for ln in lines)
+
+    def wait_ready(self, timeout: float) -> None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                tail = self.log_tail()
+                self.stop()
+                raise ServerFailed(f"{self.name} exited with status {self.proc.returncode} "
+                                   f"before it was ready:\n{tail}")
+            try:
+                with urllib.request.urlopen(self.url("/v2/health/ready"), timeout=2) as r:
+                    if r.status == 200:
+                        log(f"  {self.name} ready on port {self.port} after "
+                            f"{time.monotonic() - t0:.1f} s")
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.25)
+        tail = self.log_tail()
+        self.stop()
+        raise ServerFailed(f"{self.name} not ready after {timeout:.0f} s:\n{tail}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        else:  # the leader is gone; take any child still in its group with it
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.fh.close()
+
+    def server_version(self) -> str:
+        try:
+            with urllib.request.urlopen(self.url("/v2"), timeout=5) as r:
+                meta = json.loads(r.read())
+            return f"{meta.get('name', '?')} {meta.get('version', '?')}"
+        except Exception:  # noqa: BLE001 - informational only
+            return "?"
+
+
+# --------------------------------------------------------------------------------------------
+# Checking one response by hand, loading with wrk
+# --------------------------------------------------------------------------------------------
+
+def decode_outputs(body: bytes, header_len: str | None) -> dict[str, list[float]]:
+    hlen = int(header_len) if header_len else len(body)
+    resp = json.loads(body[:hlen])
+    out, off = {}, hlen
+    for o in resp["outputs"]:
+        size = (o.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            out[o["name"]] = list(struct.unpack(f"<{size // 4}f", body[off:off + size]))
+            off += size
+        else:
+            data = o["data"]
+            while data and isinstance(data[0], list):
+                data = [v for row in data for v in row]
+            out[o["name"]] = data
+    return out
+
+
+def check_by_hand(srv: Running, sc: Scenario, req: Request) -> None:
+    headers = {"Content-Type": "application/octet-stream" if sc.binary else "application/json"}
+    if req.header_len is not None:
+        headers["Inference-Header-Content-Length"] = str(req.header_len)
+    r = urllib.request.Request(srv.url(f"/v2/models/{sc.model}/infer"),
+                               data=req.body_file.read_bytes(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(r, timeout=30) as resp:
+            status, body = resp.status, resp.read()
+            hlen = resp.headers.get("Inference-Header-Content-Length")
+    except urllib.error.HTTPError as e:
+        raise ServerFailed(f"{srv.name} {sc.name}: HTTP {e.code}: {e.read()[:500]!r}") from e
+    if not 200 <= status < 300:
+        raise ServerFailed(f"{srv.name} {sc.name}: HTTP {status}: {body[:500]!r}")
+    try:
+        y = decode_outputs(body, hlen)["y"]
+    except Exception as e:
+        raise ServerFailed(f"{srv.name} {sc.name}: unreadable answer {body[:300]!r}: {e}") from e
+    ref = req.reference
+    if len(y) != len(ref) or any(abs(a - b) > 1e-3 + 1e-3 * abs(b)
+                                 for a, b in zip(y, ref, strict=True)):
+        raise ServerFailed(f"{srv.name} {sc.name}: wrong output {y[:4]}… expected {ref[:4]}…")
+
+
+def run_wrk(url: str, sc: Scenario, req: Request, seconds: float, cpus: str | None) -> dict:
+    script = BENCH / "wrk" / ("binary.lua" if sc.binary else "json.lua")
+    env = {**os.environ, "BENCH_BODY": str(req.body_file)}
+    if sc.binary:
+        env["BENCH_HEADER_LEN"] = str(req.header_len)
+    cmd = (["taskset", "-c", cpus] if cpus else []) + [
+        "wrk", "-t1", f"-c{sc.conc}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
+        "-s", str(script), url]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=seconds + 60)
+    m = re.search(r"^BENCH_RESULT (\{.*\})$", p.stdout, re.M)
+    if p.returncode != 0 or not m:
+        raise ServerFailed(f"wrk failed ({p.returncode}): {p.stdout[-800:]} {p.stderr[-800:]}")
+    return json.loads(m.group(1))
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+def machine() -> str:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), {cpu}, " \
+           f"Linux {platform.release()}"
+
+
+class CpuWatch:
+    """CPU used by other tenants while we run (shared machines make figures noisy): all busy
+    ticks in /proc/stat minus this process's and its reaped children's CPU time."""
+
+    def __init__(self) -> None:
+        self.t0, self.b0, self.own0 = *self._stat(), self._own()
+
+    @staticmethod
+    def _stat() -> tuple[float, float]:
+        f = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:8]]
+        hz = os.sysconf("SC_CLK_TCK")
+        return sum(f) / hz, (sum(f) - f[3] - f[4]) / hz
+
+    @staticmethod
+    def _own() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    def report(self) -> str:
+        t1, b1 = self._stat()
+        total, busy = t1 - self.t0, b1 - self.b0
+        foreign = max(0.0, busy - (self._own() - self.own0))
+        return (f"other processes used {foreign / max(total, 1e-9):.0%} of the machine's CPU "
+                f"during the run (all busy {busy / max(total, 1e-9):.0%}); load average at end "
+                + " ".join(Path("/proc/loadavg").read_text().split()[:3]))
+
+
+def pkg_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "?"
+
+
+def ours_ort_version() -> str:
+    p = subprocess.run([OUR_PY, "-c", "import onnxruntime; print(onnxruntime.__version__)"],
+                       capture_output=True, text=True)
+    return p.stdout.strip() or "?"
+
+
+def fmt_ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}×" if a and b else "–"
+
+
+def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str, str],
+           pinning: str) -> str:
+    lines = [
+        "# Serving benchmark (bench/serving.py)", "",
+        f"- date: {dt.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}",
+        f"- machine: {machine()}",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        f"- pinning: {pinning}",
+        f"- background: {args.background}",
+        f"- load: wrk -t1, {args.duration:g} s per run after a {args.warmup:g} s warm-up, "
+        f"loopback, one row per request; {args.rounds} round(s) per server and scenario, "
+        + ("one server up at a time" if args.sequential else
+           "all servers up, interleaved scenario by scenario")
+        + "; the table keeps each cell's best round (all rounds in the last column)",
+        "",
+    ]
+    if raw:
+        lines += ["## Raw onnxruntime in-process (tight loop, same threads and pinning)", "",
+                  "| model | batch | rows/s |", "|---|---:|---:|"]
+        lines += [f"| {m} | {b} | {v:,.0f} |" for (m, b), v in raw.items()]
+        lines.append("")
+    lines += [
+        "## Servers", "",
+        "| scenario | server | req/s | p50 ms | p99 ms | non-2xx | vs Triton | vs MLServer "
+        "| vs bare | vs raw ORT b1 / b8 | rounds req/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for sc in args.scenarios:
+        row = results.get(sc.name, {})
+        rps = {k: v["rps"] for k, v in row.items() if isinstance(v, dict)}
+        for srv in args.servers:
+            if srv == "raw" or srv not in row:
+                continue
+            v = row[srv]
+            if isinstance(v, str):
+                lines.append(f"| {sc.name} | {srv} | {v} | | | | | | | | |")
+                continue
+            bad = v["non2xx"] + v["connect_err"] + v["read_err"] + v["write_err"] \
+                + v["timeout_err"]
+            err = f"{v['non2xx']}" + (f" (+{bad - v['non2xx']} socket)" if bad > v["non2xx"]
+                                      else "")
+            vs_raw = "–"
+            if sc.model == "conv" and raw:
+                r1, r8 = raw.get(("conv", 1)), raw.get(("conv", 8))
+                vs_raw = f"{v['rps'] / r1:.0%} / {v['rps'] / r8:.0%}" if r1 and r8 else "–"
+            lines.append(
+                f"| {sc.name} | {srv} | {v['rps']:,.0f} | {v['p50_us'] / 1e3:.2f} | "
+                f"{v['p99_us'] / 1e3:.2f} | {err} | {fmt_ratio(v['rps'], rps.get('triton'))} | "
+                f"{fmt_ratio(v['rps'], rps.get('mlserver'))} | "
+                f"{fmt_ratio(v['rps'], rps.get('bare'))} | {vs_raw} | "
+                + ", ".join(f"{r:,.0f}" for r in v.get("rounds", [])) + " |")
+    lines += ["", "Scenarios: " + "; ".join(f"`{s.name}` {s.title}" for s in args.scenarios),
+              "Ratios are req/s of the row's server over the named peer's, same scenario, same "
+              "run. \"vs raw ORT\" = conv rows/s through the server over raw onnxruntime rows/s "
+              "at batch 1 and at batch 8 (the servers' max batch).", ""]
+    if notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", default=",".join(SERVERS),
+                   help=f"comma list of {','.join(SERVERS)} (default: all)")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS),
+                   help=f"comma list of {','.join(SCENARIOS)} (default: all)")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="wrk runs per server and scenario, interleaved across servers; the "
+                        "table keeps the best round (noise on a shared machine only slows)")
+    p.add_argument("--sequential", action="store_true",
+                   help="start, load and stop one server at a time instead of keeping all up "
+                        "and interleaving them scenario by scenario")
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds of wrk before each run")
+    p.add_argument("--server-cpus", default="0",
+                   help="taskset CPU list for every server and raw onnxruntime ('' = no pin)")
+    p.add_argument("--wrk-cpus", default="1", help="taskset CPU list for wrk ('' = no pin)")
+    p.add_argument("--ort-threads", type=int, default=1,
+                   help="onnxruntime intra_op threads in every server and the raw loop")
+    p.add_argument("--triton-delay-us", type=int, default=500,
+                   help="Triton dynamic_batching max_queue_delay_microseconds")
+    p.add_argument("--output", default=str(RESULTS), help="markdown file to write")
+    a = p.parse_args(argv)
+    a.servers = [s.strip() for s in a.only.split(",") if s.strip()]
+    bad = [s for s in a.servers if s not in SERVERS]
+    names = [s.strip() for s in a.scenarios.split(",") if s.strip()]
+    bad += [s for s in names if s not in SCENARIOS]
+    if bad:
+        p.error(f"unknown: {', '.join(bad)}")
+    a.scenarios = [SCENARIOS[s] for s in names]
+    ncpu = len(os.sched_getaffinity(0))
+    for cpus in (a.server_cpus, a.wrk_cpus):
+        if cpus and max(parse_cpus(cpus)) >= os.cpu_count():
+            p.error(f"CPU list {cpus} is beyond this machine's {ncpu} CPUs")
+    return a
+
+
+def start_server(name: str, setup, work: Path, args, notes: list[str],
+                 versions: dict[str, str]) -> Running | None:
+    log(f"[{name}] starting")
+    if name == "ours" and not OUR_SERVE.exists():
+        msg = f"ours skipped: {OUR_SERVE} does not exist (not built yet)"
+        log("  " + msg)
+        notes.append(msg)
+        return None
+    port = free_port()
+    try:
+        srv = Running(name, setup(port), port, work, args.server_cpus or None)
+    except ServerFailed as e:
+        if name == "ours":
+            msg = f"ours skipped: mmc-serve did not become ready: {e}"
+            log("  " + msg)
+            lines = [ln.strip(" |") for ln in msg.splitlines() if ln.strip(" |")]
+            notes.append(lines[0] + (" … " + lines[-1] if len(lines) > 1 else ""))
+        else:
+            log(f"  ERROR: {e}")
+            notes.append(f"{name} FAILED to start: {str(e).splitlines()[0]}")
+        return None
+    if name != "bare":
+        versions[f"{name} /v2"] = srv.server_version()
+    return srv
+
+
+def main() -> int:
+    args = parse_args(sys.argv[1:])
+    ensure_environment()
+    pinning = (f"servers and raw onnxruntime: taskset -c {args.server_cpus or '(none)'}; "
+               f"wrk: taskset -c {args.wrk_cpus or '(none)'}; onnxruntime intra_op_num_threads="
+               f"{args.ort_threads}, inter_op_num_threads=1; OMP_NUM_THREADS=1; Triton dynamic "
+               f"batching {args.triton_delay_us} µs, max batch mlp 32 / conv 8; ours: "
+               f"config.json max_batch_size 32 / 8, max_queue_delay_us 0, "
+               f"env MMC_ORT_INTRA_OP_THREADS={args.ort_threads}")
+    log(f"[bench] {machine()}")
+    log(f"[bench] pinning: {pinning}")
+    watch = CpuWatch()
+    failed = False
+    notes: list[str] = []
+    versions = {"python": platform.python_version(), "wrk": subprocess.run(
+        ["wrk", "-v"], capture_output=True, text=True).stdout.split(" [")[0].split()[-1],
+        "onnxruntime (peers)": pkg_version("onnxruntime"), "mlserver": pkg_version("mlserver"),
+        "nvidia-pytriton": pkg_version("nvidia-pytriton"), "uvicorn": pkg_version("uvicorn"),
+        "uvloop": pkg_version("uvloop"), "httptools": pkg_version("httptools"),
+        "orjson": pkg_version("orjson")}
+    with tempfile.TemporaryDirectory(prefix="mmc-bench-") as tmp:
+        work = Path(tmp)
+        models = build_models(work)
+        reqs = make_requests(work, models)
+        raw = {}
+        if "raw" in args.servers:
+            log("[raw] onnxruntime in-process")
+            raw = raw_onnxruntime(models, args.ort_threads, args.server_cpus or None)
+        results: dict[str, dict[str, dict | str]] = {}
+        setups = {
+            "bare": lambda p: setup_bare(work, models, p, args.ort_threads),
+            "mlserver": lambda p: setup_mlserver(work, models, p, args.ort_threads),
+            "triton": lambda p: setup_triton(work, models, p, args.ort_threads,
+                                             args.triton_delay_us),
+            "ours": lambda p: setup_ours(work, models, p, args.ort_threads),
+        }
+        names = [s for s in SERVERS if s in args.servers and s != "raw"]
+        groups = [[n] for n in names] if args.sequential else [names]
+        for group in groups:
+            running: dict[str, Running] = {}
+            try:
+                for name in group:
+                    srv = start_server(name, setups[name], work, args, notes, versions)
+                    if srv is None:
+                        failed |= name != "ours"
+                        continue
+                    running[name] = srv
+                    for sc in args.scenarios:
+                        cell = results.setdefault(sc.name, {})
+                        if name == "mlserver" and sc.binary:
+                            cell[name] = "n/a (no binary tensor extension)"
+                            continue
+                        try:
+                            check_by_hand(srv, sc, reqs[(sc.model, sc.binary)])
+                            cell[name] = []
+                        except ServerFailed as e:
+                            log(f"  ERROR {sc.name}: {e}")
+                            cell[name] = "FAILED (see notes)"
+                            notes.append(f"{name} {sc.name} FAILED: {str(e).splitlines()[0]}")
+                            failed = True
+                    log(f"  {name}: one response per scenario checked against onnxruntime")
+                for sc in args.scenarios:
+                    log(f"[load] {sc.name}: {sc.title}")
+                    req = reqs[(sc.model, sc.binary)]
+                    for rnd in range(args.rounds):
+                        for name, srv in running.items():
+                            runs = results[sc.name][name]
+                            if not isinstance(runs, list):
+                                continue
+                            url = srv.url(f"/v2/models/{sc.model}/infer")
+                            try:
+                                if args.warmup > 0 and rnd == 0:
+                                    run_wrk(url, sc, req, args.warmup, args.wrk_cpus or None)
+                                res = run_wrk(url, sc, req, args.duration, args.wrk_cpus or None)
+                            except ServerFailed as e:
+                                log(f"  ERROR {name} {sc.name}: {e}")
+                                results[sc.name][name] = "FAILED (see notes)"
+                                notes.append(f"{name} {sc.name} FAILED: {str(e).splitlines()[0]}")
+                                failed = True
+                                continue
+                            runs.append(res)
+                            bad = res["non2xx"] + res["connect_err"] + res["read_err"] + \
+                                res["write_err"] + res["timeout_err"]
+                            if bad:
+                                failed = True
+                                notes.append(f"{name} {sc.name}: {res['non2xx']} non-2xx answers,"
+                                             f" {bad - res['non2xx']} socket errors: a failed run")
+                            log(f"  round {rnd + 1} {name:9s} {res['rps']:10,.0f} req/s  p50 "
+                                f"{res['p50_us'] / 1e3:7.2f} ms  p99 {res['p99_us'] / 1e3:7.2f} "
+                                f"ms  non-2xx {res['non2xx']}"
+                                + (f"  socket errors {bad - res['non2xx']}"
+                                   if bad > res["non2xx"] else ""))
+            finally:
+                for srv in running.values():
+                    srv.stop()
+        for row in results.values():  # keep the best round; count failures over all rounds
+            for name, runs in list(row.items()):
+                if isinstance(runs, list):
+                    if not runs:
+                        row[name] = "no run"
+                        continue
+                    best = dict(max(runs, key=lambda r: r["rps"]))
+                    for k in ("non2xx", "connect_err", "read_err", "write_err", "timeout_err"):
+                        best[k] = sum(r[k] for r in runs)
+                    best["rounds"] = [r["rps"] for r in runs]
+                    row[name] = best
+    if "ours" in args.servers:
+        versions["onnxruntime (ours, .venv)"] = ours_ort_version()
+    args.background = watch.report()
+    log(f"[bench] background: {args.background}")
+    report = render(args, results, raw, notes, versions, pinning)
+    print()
+    print(report)
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report)
+    log(f"[bench] written to {out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Upload throughput and server memory: a large file through the REST API vs a plain copy.
+
+    .venv/bin/python bench/upload.py [--mb 500]
+
+Starts the embedded server (console + API) on a fresh data folder, uploads a random file of
+--mb megabytes with a raw-body PUT and with multipart, and reports MB/s as a ratio to copying the
+same file on the same disk (read + write + fsync, as the store does), and the server's peak RSS
+growth during the upload (VmHWM - VmRSS before; target < 64 MB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def proc_kb(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def reset_peak(pid: int) -> None:
+    """Linux >= 4.0: writing 5 to clear_refs resets VmHWM to the current RSS."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def plain_copy(src: Path, dst: Path) -> float:
+    t0 = time.perf_counter()
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        shutil.copyfileobj(fi, fo, 1024 * 1024)
+        fo.flush()
+        os.fsync(fo.fileno())
+    return time.perf_counter() - t0
+
+
+def chunks(path: Path, size: int = 1024 * 1024):
+    with open(path, "rb") as f:
+        while block := f.read(size):
+            yield block
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mb", type=int, default=500)
+    args = ap.parse_args()
+    data_dir = Path(tempfile.mkdtemp(prefix="mmc-bench-upload-"))
+    env = {**os.environ, "MMC_DATA_DIR": str(data_dir), "DJANGO_SETTINGS_MODULE":
+           "console.settings", "MMC_MAX_UPLOAD_BYTES": str(4 * 1024**3)}
+    env.pop("DATABASE_URL", None)
+    env.pop("REDIS_URL", None)
+    subprocess.run([sys.executable, "manage.py", "start", "--no-demo", "--no-serve"], cwd=REPO,
+                   env=env, check=True, capture_output=True)
+    token = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c",
+         "from registry.services import token_create, model_create;"
+         "from registry.audit import Actor;a=Actor.system('bench');"
+         "model_create(name='big', actor=a);"
+         "print(token_create(username='admin', name='bench', actor=a)[1])"],
+        cwd=REPO, env=env, check=True, capture_output=True, text=True).stdout.strip().split()[-1]
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "console.asgi:application", "--port", str(port),
+         "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"],
+        cwd=REPO, env={**env, "MMC_EMBED_SERVING": "0"})
+    src = data_dir / "payload.bin"
+    with open(src, "wb") as f:
+        for _ in range(args.mb):
+            f.write(os.urandom(1024 * 1024))
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                httpx.get(base + "/api/v1/models/", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        headers = {"Authorization": f"Bearer {token}"}
+        copy_s = min(plain_copy(src, data_dir / f"copy{i}.bin") for i in range(2))
+        for i in range(2):
+            (data_dir / f"copy{i}.bin").unlink()
+        rows = []
+        for kind in ("raw PUT", "multipart"):
+            # distinct bytes per run, so the second upload is not a deduplicated no-op
+            with open(src, "r+b") as f:
+                f.write(os.urandom(16))
+            time.sleep(1)
+            rss0 = proc_kb(server.pid, "VmRSS")
+            reset_peak(server.pid)
+            t0 = time.perf_counter()
+            with httpx.Client(base_url=base, headers=headers, timeout=600) as http:
+                if kind == "raw PUT":
+                    r = http.put("/api/v1/models/big/versions/upload/?filename=payload.bin",
+                                 content=chunks(src),
+                                 headers={"Content-Type": "application/octet-stream",
+                                          "Content-Length": str(src.stat().st_size)})
+                else:
+                    with open(src, "rb") as f:
+                        r = http.post("/api/v1/models/big/versions/",
+                                      files={"file": ("payload.bin", f)})
+            seconds = time.perf_counter() - t0
+            peak = proc_kb(server.pid, "VmHWM")
+            assert r.status_code == 201, r.text
+            rows.append((kind, seconds, (peak - rss0) / 1024))
+        mb = src.stat().st_size / 1024**2
+        print(f"\nUpload of {mb:.0f} MB, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores\n")
+        print("| path | MB/s | ratio to plain copy | server peak RSS growth |")
+        print("|---|---|---|---|")
+        print(f"| plain copy + fsync | {mb / copy_s:.0f} | 1.00 | - |")
+        for kind, seconds, growth in rows:
+            print(f"| {kind} | {mb / seconds:.0f} | {copy_s / seconds:.2f} | {growth:.1f} MB |")
+    finally:
+        server.terminate()
+        server.wait(10)
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

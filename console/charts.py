@@ -1,0 +1,137 @@
+"""Small line charts drawn on the server as inline SVG: one polyline per version, axes, ticks and
+a text legend. No chart library: the deployment page redraws them by polling an htmx partial."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+WIDTH, HEIGHT = 400, 170
+LEFT, RIGHT, TOP, BOTTOM = 52, 40, 12, 26
+
+# Each series differs by dash pattern and marker shape as well as colour (never colour alone).
+STYLES = (
+    {"colour": "#2457c5", "dash": "", "marker": "circle", "name": "solid line, circles"},
+    {"colour": "#a3339c", "dash": "7 4", "marker": "square", "name": "dashed line, squares"},
+    {"colour": "#b35c00", "dash": "2 3", "marker": "diamond", "name": "dotted line, diamonds"},
+    {"colour": "#17723a", "dash": "10 3 2 3", "marker": "circle", "name": "dash-dot line"},
+)
+
+# (key in version_series points, title, unit, scale applied to the value)
+METRICS = (
+    ("rps", "Requests per second", "req/s", 1.0),
+    ("error_rate", "Error rate", "%", 100.0),
+    ("p50_ms", "Latency p50", "ms", 1.0),
+    ("p95_ms", "Latency p95", "ms", 1.0),
+    ("p99_ms", "Latency p99", "ms", 1.0),
+)
+
+
+@dataclass
+class Series:
+    label: str              # "v2 candidate"
+    points: list[dict]      # registry.metrics.version_series rows
+    style: dict = field(default_factory=dict)
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest 1, 2, 2.5 or 5 x 10^k at or above value (axis tops read as round numbers)."""
+    if value <= 0:
+        return 1.0
+    power = 10 ** math.floor(math.log10(value))
+    for step in (1, 2, 2.5, 5, 10):
+        if value <= step * power * (1 + 1e-9):
+            return step * power
+    return 10 * power
+
+
+def fmt(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if value == 0:
+        return "0"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}".rstrip("0").rstrip(".")
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def _marker(shape: str, x: float, y: float) -> str:
+    """SVG path data for a 6 px marker centred on (x, y)."""
+    if shape == "square":
+        return f"M{x - 3:.1f},{y - 3:.1f}h6v6h-6z"
+    if shape == "diamond":
+        return f"M{x:.1f},{y - 4:.1f}l4,4l-4,4l-4,-4z"
+    return (f"M{x - 3:.1f},{y:.1f}a3,3 0 1,0 6,0a3,3 0 1,0 -6,0z")
+
+
+def line_chart(key: str, title: str, unit: str, scale: float, series: list[Series], *,
+               seconds: int = 300, now: float | None = None) -> dict:
+    """Geometry for one chart: what templates/console/partials/chart.html draws."""
+    now = time.time() if now is None else now
+    start = now - seconds
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    values = [(p[key] or 0) * scale for s in series for p in s.points if p.get(key) is not None]
+    top = nice_ceiling(max(values, default=0))
+
+    def x_of(t: float) -> float:
+        return LEFT + plot_w * min(max((t - start) / seconds, 0.0), 1.0)
+
+    def y_of(v: float) -> float:
+        return TOP + plot_h * (1 - min(v / top, 1.0))
+
+    lines = []
+    for s in series:
+        segments, current, markers, latest = [], [], [], None
+        for p in s.points:
+            raw = p.get(key)
+            if raw is None or p["t"] < start - 1:  # no successful request: break the line
+                if current:
+                    segments.append(current)
+                current = []
+                continue
+            value = raw * scale
+            x, y = x_of(p["t"]), y_of(value)
+            current.append(f"{x:.1f},{y:.1f}")
+            markers.append(_marker(s.style["marker"], x, y))
+            latest = (x, y, value)
+        if current:
+            segments.append(current)
+        lines.append({
+            "label": s.label, "short": s.label.split(" ")[0], "style": s.style,
+            "legend_marker": _marker(s.style["marker"], 14, 5),
+            "segments": [" ".join(seg) for seg in segments],
+            # Markers on every point are noise once a line has many; keep the shape readable.
+            "markers": " ".join(markers[-1:] if len(markers) > 12 else markers),
+            "count": sum(len(seg) for seg in segments),
+            "latest": fmt(latest[2]) if latest else "—",
+            "end": {"x": latest[0] + 6, "y": latest[1] + 4} if latest else None,
+        })
+
+    y_ticks = [{"y": round(y_of(top * f), 1), "label": fmt(top * f)} for f in (0, 0.5, 1)]
+    minutes = max(seconds // 60, 1)
+    x_ticks = [{"x": round(x_of(start + seconds * i / minutes), 1),
+                "label": "now" if i == minutes else f"−{minutes - i}m"}
+               for i in range(minutes + 1)]
+    has_data = any(line["count"] for line in lines)
+    summary = "; ".join(f"{line['label']}: {line['latest']} {unit}" for line in lines)
+    return {
+        "id": f"chart-{key.replace('_', '-')}", "key": key, "title": title, "unit": unit,
+        "width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT, "top": TOP,
+        "bottom": HEIGHT - BOTTOM, "label_y": HEIGHT - 6, "lines": lines,
+        "y_ticks": y_ticks, "x_ticks": x_ticks, "has_data": has_data,
+        "summary": summary or "no versions serving",
+        "mid_x": LEFT + plot_w / 2, "mid_y": TOP + plot_h / 2,
+    }
+
+
+def version_charts(series: list[Series], *, seconds: int = 300,
+                   now: float | None = None) -> list[dict]:
+    """The deployment page's five charts, every version on each (candidate next to stable)."""
+    for i, s in enumerate(series):
+        s.style = STYLES[i % len(STYLES)]
+    return [line_chart(key, title, unit, scale, series, seconds=seconds, now=now)
+            for key, title, unit, scale in METRICS]

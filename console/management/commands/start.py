@@ -1,0 +1,70 @@
+"""`python manage.py start`: everything a fresh machine needs, then the embedded server."""
+
+from __future__ import annotations
+
+import secrets
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from registry import samples, services
+from registry.artifacts import default_store
+from registry.audit import Actor
+from registry.models import RegisteredModel
+from registry.tasks import recover_validations
+from registry.validation import validate_version
+
+
+class Command(BaseCommand):
+    help = "Migrate, create an admin and a demo model if missing, then serve on 127.0.0.1:8000."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--no-demo", action="store_true")
+        parser.add_argument("--no-serve", action="store_true", help="prepare only")
+
+    def handle(self, *args, host, port, no_demo, no_serve, **options):
+        call_command("migrate", interactive=False, verbosity=0)
+        services.ensure_roles()
+        self._admin()
+        if not no_demo:
+            self._demo()
+        recover_validations()
+        if no_serve:
+            return
+        import uvicorn
+
+        self.stdout.write(f"Console and serving on http://{host}:{port}/  "
+                          f"(v2 inference under /v2, API docs at /api/docs/)")
+        uvicorn.run("console.asgi:application", host=host, port=port, loop="uvloop",
+                    http="httptools", access_log=False, lifespan="on")
+
+    def _admin(self) -> None:
+        User = get_user_model()
+        if User.objects.filter(is_superuser=True).exists():
+            return
+        password = secrets.token_urlsafe(12)
+        user = User.objects.create_superuser("admin", "", password)
+        user.groups.add(Group.objects.get(name="admin"))
+        self.stdout.write(self.style.WARNING(
+            f"Created user 'admin' with password {password}  (shown once: change it in /admin/)"))
+
+    def _demo(self) -> None:
+        if RegisteredModel.objects.exists():
+            return
+        actor = Actor.system("start")
+        services.model_create(name="demo-mlp", actor=actor, tags=["demo"],
+                              description="A 64 -> 256 -> 256 -> 10 MLP built with onnx.helper")
+        blob = default_store().save_bytes(samples.mlp())
+        with transaction.atomic():
+            version, _ = services.version_upload(model_name="demo-mlp", blob=blob, actor=actor,
+                                                 filename="demo-mlp.onnx",
+                                                 metadata={"source": "registry.samples.mlp"})
+        validate_version(version.pk)  # before serving starts, so the demo is deployable now
+        services.endpoint_deploy(model_name="demo-mlp", version_number=version.number,
+                                 actor=actor, reason="demo")
+        self.stdout.write("Registered and deployed demo model 'demo-mlp' version 1.")

@@ -1,0 +1,209 @@
+"""Settings from the environment (django-environ), with defaults that run embedded.
+
+Embedded: SQLite + local artifact folder + in-process tasks, no REDIS_URL.
+Clustered: DATABASE_URL=postgres://..., REDIS_URL=redis://..., SECRET_KEY required.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+
+DATA_DIR = Path(env.str("MMC_DATA_DIR", default=str(BASE_DIR / "data"))).resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+REDIS_URL = env.str("REDIS_URL", default="")
+CLUSTERED = bool(REDIS_URL)
+DEBUG = env.bool("DEBUG", default=False)
+
+
+def _secret_key() -> str:
+    """Clustered mode must share one key across processes; embedded keeps a generated one."""
+    if CLUSTERED:
+        return env.str("SECRET_KEY")
+    if key := env.str("SECRET_KEY", default=""):
+        return key
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{DATA_DIR / 'mmc.sqlite3'}")}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # WAL + IMMEDIATE: the validation thread and request threads write concurrently in embedded
+    # mode; IMMEDIATE takes the write lock up front instead of failing on lock upgrade.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}
+else:
+    DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+
+ARTIFACT_ROOT = Path(env.str("ARTIFACT_ROOT", default=str(DATA_DIR / "artifacts"))).resolve()
+MAX_UPLOAD_BYTES = env.int("MMC_MAX_UPLOAD_BYTES", default=2 * 1024**3)
+TRT_CACHE_DIR = Path(env.str("MMC_TRT_CACHE_DIR", default=str(DATA_DIR / "trt-cache"))).resolve()
+# Comma-separated execution providers to pin (e.g. "CPUExecutionProvider"); empty = best available.
+ORT_PROVIDERS = env.list("MMC_PROVIDERS", default=[])
+# Seconds a previous stable stays loaded after promote/rollback so going back is instant.
+WARM_GRACE_SECONDS = env.int("MMC_WARM_GRACE_SECONDS", default=300)
+# Embedded: the console process also serves /v2 (one process). Clustered: replicas do.
+EMBED_SERVING = env.bool("MMC_EMBED_SERVING", default=not CLUSTERED)
+REPLICA_HEARTBEAT_SECONDS = env.float("MMC_HEARTBEAT_SECONDS", default=2.0)
+REPLICA_POLL_SECONDS = env.float("MMC_POLL_SECONDS", default=1.0)
+# Per-version metrics kept for dashboards and canary analysis: bucket width and retention.
+METRICS_BUCKET_SECONDS = env.int("MMC_METRICS_BUCKET_SECONDS", default=5)
+METRICS_RETENTION_SECONDS = env.int("MMC_METRICS_RETENTION_SECONDS", default=6 * 3600)
+# A replica not heard from for this long is shown as gone and ignored by ?wait.
+REPLICA_STALE_SECONDS = env.float("MMC_REPLICA_STALE_SECONDS", default=10.0)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "knox",
+    "django_filters",
+    "drf_spectacular",
+    "django_htmx",
+    "registry",
+    "console",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "registry.middleware.RequestContextMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+ASGI_APPLICATION = "console.asgi.application"
+WSGI_APPLICATION = "console.wsgi.application"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(DATA_DIR / "staticfiles")))
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+WHITENOISE_USE_FINDERS = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Uploads stream to disk, hashed on the way, never whole in memory.
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+(ARTIFACT_ROOT / "tmp").mkdir(parents=True, exist_ok=True)
+FILE_UPLOAD_TEMP_DIR = str(ARTIFACT_ROOT / "tmp")
+DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE = env.bool("SECURE_COOKIES", default=CLUSTERED)
+X_FRAME_OPTIONS = "DENY"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "knox.auth.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["registry.api.permissions.IsViewer"],
+    "DEFAULT_PAGINATION_CLASS": "registry.api.pagination.Pagination",
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "registry.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+KNOX_TOKEN_MODEL = "registry.ApiToken"
+# knox's own AuthToken is swapped out for ours; its migrations would still create an unused table
+# whose foreign key blocks PostgreSQL's TRUNCATE of auth_user.
+MIGRATION_MODULES = {"knox": None}
+REST_KNOX = {
+    "AUTH_HEADER_PREFIX": "Bearer",
+    "TOKEN_TTL": timedelta(days=env.int("MMC_TOKEN_TTL_DAYS", default=90)),
+    "TOKEN_PREFIX": "mmc_",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Model management console API",
+    "DESCRIPTION": "Registry, rollouts and serving control for ONNX models. "
+    "Authenticate with `Authorization: Bearer <token>`.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# Celery (clustered only; embedded mode runs tasks on an in-process worker thread).
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("MMC_TASK_VISIBILITY", 600)}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A version left in `validating` this long (worker died) is validated again by the recovery job.
+VALIDATION_STALE_SECONDS = env.int("MMC_VALIDATION_STALE_SECONDS", default=300)
+
+# Jobs (registry.jobs): async inference bodies and batch datasets live under ARTIFACT_ROOT/jobs/.
+ASYNC_MAX_BYTES = env.int("MMC_ASYNC_MAX_BYTES", default=1024**3)
+ASYNC_RESULT_TTL = env.int("MMC_ASYNC_RESULT_TTL", default=24 * 3600)
+BATCH_RESULT_TTL = env.int("MMC_BATCH_RESULT_TTL", default=7 * 24 * 3600)
+# A running job whose worker has not renewed its lease for this long is taken over (resumed).
+JOB_LEASE_SECONDS = env.float("MMC_JOB_LEASE_SECONDS", default=60.0)
+JOB_MAX_ATTEMPTS = env.int("MMC_JOB_MAX_ATTEMPTS", default=5)
+JOB_CHUNK_ROWS = env.int("MMC_JOB_CHUNK_ROWS", default=10_000)
+JOB_TICK_SECONDS = env.float("MMC_JOB_TICK_SECONDS", default=30.0)
+# Default HMAC-SHA256 key for completion callbacks when a job brings none of its own.
+JOB_CALLBACK_SECRET = env.str("MMC_CALLBACK_SECRET", default="")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {"django.server": {"level": "WARNING"}},
+}

@@ -1,0 +1,114 @@
+"""Template helpers: the health bar, the user's role, status badges and small formatters."""
+
+from __future__ import annotations
+
+import json
+
+from django import template
+from django.utils.html import format_html
+
+from registry.roles import has_role, role_of
+
+from .. import health
+
+register = template.Library()
+
+STATUS_HELP = {
+    "uploaded": "queued for validation",
+    "validating": "being checked and loaded",
+    "ready": "validated; can serve",
+    "failed": "validation failed",
+}
+
+
+@register.inclusion_tag("console/partials/health_bar.html")
+def health_bar() -> dict:
+    checks = health.checks()
+    return {"checks": checks, "all_ok": all(c.ok for c in checks)}
+
+
+@register.filter
+def role(user) -> str:
+    return role_of(user) or "no role"
+
+
+@register.filter
+def can(user, needed: str) -> bool:
+    return has_role(user, needed)
+
+
+@register.simple_tag
+def status_badge(status: str):
+    """Status as a word (never colour alone), with a tooltip saying what it means."""
+    return format_html('<span class="badge badge-{0}" title="{1}">{0}</span>', status,
+                       STATUS_HELP.get(status, status))
+
+
+@register.filter
+def short_sha(sha: str) -> str:
+    return (sha or "")[:12]
+
+
+@register.filter
+def filesize(n) -> str:
+    try:
+        size = float(n)
+    except (TypeError, ValueError):
+        return "—"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def _tensor(t: dict) -> str:
+    shape = t.get("shape")
+    dims = "?" if shape is None else "×".join("N" if d == -1 else str(d) for d in shape)
+    return f"{t.get('name')}: {t.get('datatype')}[{dims}]"
+
+
+@register.filter
+def tensor(t: dict | None) -> str:
+    return _tensor(t) if t else "—"
+
+
+@register.filter
+def tensor_type(t: dict | None) -> str:
+    """datatype[dims] without the name (the diff's first column already names it)."""
+    return _tensor(t).split(": ", 1)[1] if t else "—"
+
+
+@register.filter
+def signature_summary(signature: dict | None) -> str:
+    if not signature or not signature.get("inputs"):
+        return "—"
+    ins = ", ".join(_tensor(t) for t in signature["inputs"])
+    outs = ", ".join(_tensor(t) for t in signature.get("outputs") or [])
+    return f"{ins} → {outs}"
+
+
+@register.filter
+def as_json(value, indent: int = 0) -> str:
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=indent or None, sort_keys=True, default=str)
+
+
+@register.filter
+def shape(value) -> str:
+    if value is None:
+        return "unknown rank"
+    return "[" + ", ".join("N" if d == -1 else str(d) for d in value) + "]"
+
+
+@register.filter
+def pct(fraction) -> str:
+    """0.0123 -> "1.23" (a share as a percentage, for error rates and agreement)."""
+    try:
+        value = float(fraction) * 100
+    except (TypeError, ValueError):
+        return "—"
+    return f"{value:.2f}".rstrip("0").rstrip(".") if value else "0"

@@ -1,0 +1,30 @@
+"""The console's pages (the API lives under /api/v1/, serving under /v2/)."""
+
+from django.contrib.auth import views as auth_views
+from django.urls import path
+from django.views.generic import RedirectView
+
+from .views import audit, deployment, models, versions
+
+app_name = "console"
+M = "models/<str:name>"
+urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="console:model-list"), name="home"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(next_page="console:login"), name="logout"),
+    path("models/", models.model_list, name="model-list"),
+    path("models/new/", models.model_create, name="model-create"),
+    path(f"{M}/", models.model_detail, name="model-detail"),
+    path(f"{M}/versions/", models.version_rows, name="version-rows"),
+    path(f"{M}/versions/<int:number>/", versions.version_detail, name="version-detail"),
+    path(f"{M}/diff/", models.model_diff, name="model-diff"),
+    path(f"{M}/aliases/", models.alias_set, name="alias-set"),
+    path(f"{M}/aliases/<str:alias>/remove/", models.alias_remove, name="alias-remove"),
+    path(f"{M}/deploy/", models.endpoint_deploy, name="endpoint-deploy"),
+    path(f"{M}/deployment/", deployment.deployment_page, name="deployment"),
+    path(f"{M}/deployment/charts/", deployment.deployment_charts, name="deployment-charts"),
+    path(f"{M}/deployment/live/", deployment.deployment_live, name="deployment-live"),
+    path(f"{M}/deployment/<str:op>/", deployment.deployment_action, name="deployment-action"),
+    path("audit/", audit.audit_list, name="audit-list"),
+    path("audit/export.csv", audit.audit_csv, name="audit-csv"),
+]

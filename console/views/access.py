@@ -1,0 +1,49 @@
+"""Who may see and do what in the console: the same roles the API checks (registry.roles),
+applied once by a decorator, and service errors turned into messages the user reads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+
+from django.contrib import messages
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest
+
+from registry.audit import Actor
+from registry.errors import RegistryError
+from registry.roles import has_role
+
+WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+
+
+def requires(read: str = "viewer", write: str = "engineer") -> Callable:
+    """Reads need `read`, writes need `write`; anonymous users are sent to the login page."""
+
+    def decorate(view):
+        @wraps(view)
+        def wrapped(request: HttpRequest, *args, **kwargs):
+            if not request.user.is_authenticated:
+                return redirect_to_login(request.get_full_path())
+            needed = write if request.method in WRITE_METHODS else read
+            if not has_role(request.user, needed):
+                raise PermissionDenied(f"this needs the {needed} role")
+            return view(request, *args, **kwargs)
+
+        return wrapped
+
+    return decorate
+
+
+def run_service(request: HttpRequest, service: Callable, *, success: str = "", **kwargs):
+    """Call one registry service as the request's user; a RegistryError becomes an error
+    message (and None is returned) so the page shows what went wrong."""
+    try:
+        result = service(actor=Actor.from_request(request), **kwargs)
+    except RegistryError as exc:
+        messages.error(request, exc.message)
+        return None
+    if success:
+        messages.success(request, success)
+    return result

@@ -1,0 +1,269 @@
+"""The deployment page of one model: traffic split and the rollout buttons (each one a registry
+service), live per-version charts, replica convergence, the automated canary plan, shadow."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from django import forms
+from django.conf import settings
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from registry import metrics, selectors, services
+from registry.models import AuditEvent, VersionStatus
+from registry.notify import current_revision
+from registry.roles import has_role
+from registry.services.deployments import ALLOWED, EMPTY, endpoint_state
+
+from .. import charts
+from ..forms import (
+    CanaryForm,
+    ReasonForm,
+    RollbackForm,
+    VersionReasonForm,
+    WeightForm,
+    error_text,
+)
+from .access import requires, run_service
+from .models import found
+
+CHART_SECONDS = 300
+DECISIONS_SHOWN = 12
+
+
+@dataclass(frozen=True)
+class Action:
+    """A button on the page: the state-machine op that allows it, its form and its service."""
+
+    op: str
+    form: type[forms.Form]
+    service: object
+    success: str
+
+
+ACTIONS: dict[str, Action] = {a.op: a for a in (
+    Action("canary", CanaryForm, services.canary_start,
+           "Canary started: version {version} is the candidate."),
+    Action("weight", WeightForm, services.canary_weight,
+           "The candidate now takes {weight} % of traffic."),
+    Action("promote", ReasonForm, services.canary_promote,
+           "Candidate promoted: it is the stable version now."),
+    Action("abort", ReasonForm, services.canary_abort,
+           "Canary aborted: all traffic is back on the stable version."),
+    Action("pause", ReasonForm, services.analysis_pause,
+           "Automated analysis paused: set the weights by hand."),
+    Action("resume", ReasonForm, services.analysis_resume,
+           "Automated analysis resumed at its current step."),
+    Action("rollback", RollbackForm, services.rollback,
+           "Rolled back: version {version} is the stable version now."),
+    Action("bg-deploy", VersionReasonForm, services.bluegreen_deploy,
+           "Version {version} deployed to the idle colour; replicas are loading it."),
+    Action("switch", ReasonForm, services.bluegreen_switch,
+           "Switched: the other colour takes all traffic."),
+    Action("switch-back", ReasonForm, services.bluegreen_switch_back,
+           "Switched back to the previous colour."),
+    Action("bg-finish", ReasonForm, services.bluegreen_finish,
+           "Blue-green finished: the live version is the plain stable."),
+    Action("shadow-start", VersionReasonForm, services.shadow_start,
+           "Version {version} now receives a shadow copy of live traffic."),
+    Action("shadow-stop", ReasonForm, services.shadow_stop, "Shadow stopped."),
+)}
+
+
+def _page_url(name: str) -> str:
+    return reverse("console:deployment", kwargs={"name": name})
+
+
+def serving_versions(ep) -> list[tuple[object, str]]:
+    """(version, role) for every version taking or about to take traffic, stable first."""
+    if ep is None:
+        return []
+    if ep.live_color:
+        live, idle = ep.live_color, "green" if ep.live_color == "blue" else "blue"
+        pairs = [(getattr(ep, live), f"{live}, live"), (getattr(ep, idle), f"{idle}, idle")]
+    else:
+        pairs = [(ep.stable, "stable"), (ep.candidate, "candidate")]
+    seen, out = set(), []
+    for version, role in pairs:
+        if version is not None and version.pk not in seen:
+            seen.add(version.pk)
+            out.append((version, role))
+    return out
+
+
+def traffic_split(ep) -> list[dict]:
+    if ep is None:
+        return []
+    if ep.live_color:
+        live = getattr(ep, ep.live_color)
+        return [{"version": live.number, "role": f"{ep.live_color} (live)", "weight": 100}] \
+            if live else []
+    split = []
+    if ep.stable:
+        split.append({"version": ep.stable.number, "role": "stable",
+                      "weight": 100 - (ep.candidate_weight if ep.candidate else 0)})
+    if ep.candidate:
+        split.append({"version": ep.candidate.number, "role": "candidate",
+                      "weight": ep.candidate_weight})
+    return split
+
+
+def complete_buckets(points: list[dict], now: float) -> list[dict]:
+    """Drop the bucket still filling: its rate would read as a sudden drop at the right edge."""
+    width = settings.METRICS_BUCKET_SECONDS
+    return [p for p in points if p["t"] + width <= now]
+
+
+def chart_context(model_name: str, ep) -> dict:
+    """One version_series query per serving version (at most two), whatever the history."""
+    now = time.time()
+    series = [charts.Series(label=f"v{v.number} {role}",
+                            points=complete_buckets(metrics.version_series(
+                                model_name, v.number, seconds=CHART_SECONDS), now))
+              for v, role in serving_versions(ep)]
+    return {"charts": charts.version_charts(series, seconds=CHART_SECONDS, now=now),
+            "shadow": metrics.latest_shadow(model_name) if ep and ep.shadow_id else None,
+            "shadow_version": ep.shadow.number if ep and ep.shadow else None,
+            "chart_seconds": CHART_SECONDS}
+
+
+def _age(moment: datetime | None, now: datetime) -> float | None:
+    return None if moment is None else max((now - moment).total_seconds(), 0.0)
+
+
+def replica_rows(model_name: str, revision: int) -> tuple[list[dict], dict]:
+    now, prefix = timezone.now(), f"{model_name}:"
+    rows = []
+    for r in selectors.replicas(include_stale=True):
+        versions = []
+        for key, state in sorted((r.versions or {}).items()):
+            if key.startswith(prefix):
+                versions.append({"version": key[len(prefix):], "state": state.get("state"),
+                                 "reason": state.get("reason"),
+                                 "queue_depth": state.get("queue_depth"),
+                                 "providers": state.get("providers") or []})
+        age = _age(r.last_seen, now)
+        rows.append({"replica": r.replica, "address": r.address, "revision": r.revision,
+                     "applied": r.revision >= revision, "versions": versions,
+                     "queue_depth": sum(v["queue_depth"] or 0 for v in versions),
+                     "age": age, "stale": age is not None and age > _stale_seconds(),
+                     "degraded": r.degraded})
+    live = [row for row in rows if not row["stale"]]
+    summary = {"live": len(live), "at_revision": sum(row["applied"] for row in live),
+               "revision": revision, "stale": len(rows) - len(live)}
+    return rows, summary
+
+
+def _stale_seconds() -> float:
+    return settings.REPLICA_STALE_SECONDS
+
+
+def analysis_context(ep) -> dict | None:
+    analysis = ((ep.settings or {}).get("analysis") if ep else None) or None
+    if not analysis:
+        return None
+    plan, step = analysis["plan"], analysis["step"]
+    started = datetime.fromisoformat(analysis["step_started_at"])
+    baked = _age(started, timezone.now()) or 0.0
+    return {"plan": plan, "step": step, "paused": analysis.get("paused", False),
+            "steps": [{"weight": w, "state": "done" if i < step else
+                       "current" if i == step else "next"} for i, w in enumerate(plan["steps"])],
+            "baked_seconds": round(baked), "bake_seconds": round(plan["bake_seconds"]),
+            "bake_left": max(round(plan["bake_seconds"] - baked), 0)}
+
+
+def decisions(model_name: str) -> list[AuditEvent]:
+    return list(AuditEvent.objects.filter(model_name=model_name, target_type="endpoint")
+                .order_by("-created_at", "-id")[:DECISIONS_SHOWN])
+
+
+def live_context(request: HttpRequest, model, ep) -> dict:
+    revision = current_revision()
+    rows, summary = replica_rows(model.name, revision)
+    return {"model": model, "endpoint": ep, "state": endpoint_state(ep) if ep else EMPTY,
+            "split": traffic_split(ep), "replica_rows": rows, "convergence": summary,
+            "analysis": analysis_context(ep), "decisions": decisions(model.name),
+            "page_revision": request.GET.get("rev"),
+            "endpoint_revision": ep.revision if ep else 0}
+
+
+def _choices(model, ep) -> dict:
+    """Version pickers, from one query of the ready versions' numbers."""
+    ready = list(model.versions.filter(status=VersionStatus.READY)
+                 .order_by("-number").values_list("number", flat=True))
+    stable = ep.stable.number if ep and ep.stable else None
+    live = (getattr(ep, ep.live_color) if ep and ep.live_color else ep.stable if ep else None)
+    live_n = live.number if live else None
+    shadow = ep.shadow.number if ep and ep.shadow else None
+    return {
+        "canary_choices": [n for n in ready if n != stable],
+        "rollback_choices": [n for n in ready if stable is not None and n < stable],
+        "bg_choices": [n for n in ready if n != live_n],
+        "shadow_choices": [n for n in ready if n not in (live_n, shadow)],
+        "ready_count": len(ready),
+    }
+
+
+@require_GET
+@requires("viewer")
+def deployment_page(request: HttpRequest, name: str) -> HttpResponse:
+    model = found(selectors.model_get, name)
+    ep = selectors.endpoint_get(model)
+    state = endpoint_state(ep) if ep else EMPTY
+    context = live_context(request, model, ep)
+    context.update(_choices(model, ep))  # the charts load right after, from their partial
+    context.update(
+        nav="models",
+        can_write=has_role(request.user, "engineer") and not model.archived,
+        allowed={op for op, states in ALLOWED.items() if state in states},
+        page_revision=str(ep.revision if ep else 0),
+        bg_switched=bool(((ep.settings or {}).get("blue_green") or {}).get("switched_at")
+                         if ep else False),
+        weight=ep.candidate_weight if ep and ep.candidate else 10,
+        canary_form=CanaryForm(),
+    )
+    return render(request, "console/deployment.html", context)
+
+
+@require_GET
+@requires("viewer")
+def deployment_charts(request: HttpRequest, name: str) -> HttpResponse:
+    """The charts and the shadow comparison alone: polled every 2 s."""
+    model = found(selectors.model_get, name)
+    ep = selectors.endpoint_get(model)
+    return render(request, "console/partials/deployment_charts.html",
+                  {"model": model, **chart_context(model.name, ep)})
+
+
+@require_GET
+@requires("viewer")
+def deployment_live(request: HttpRequest, name: str) -> HttpResponse:
+    """Traffic split, replica convergence, the analysis plan and decisions: polled every 2 s."""
+    model = found(selectors.model_get, name)
+    ep = selectors.endpoint_get(model)
+    return render(request, "console/partials/deployment_live.html",
+                  live_context(request, model, ep))
+
+
+@require_POST
+@requires(write="engineer")
+def deployment_action(request: HttpRequest, name: str, op: str) -> HttpResponse:
+    """Every rollout button posts here; the registry service decides and audits."""
+    action = ACTIONS.get(op)
+    if action is None:
+        raise Http404(f"no rollout action {op!r}")
+    form = action.form(request.POST)
+    if form.is_valid():
+        run_service(request, action.service, model_name=name,
+                    success=action.success.format(**form.cleaned_data),
+                    **form.service_kwargs())
+    else:
+        messages.error(request, error_text(form))
+    return redirect(_page_url(name))

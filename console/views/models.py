@@ -1,0 +1,189 @@
+"""Model pages: the searchable list, create, the model page (versions, aliases, endpoint,
+upload, diff) and the POSTs behind its buttons. Every change goes through a registry service."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from registry import selectors, services
+from registry.errors import NotFound
+from registry.filtersets import ModelFilterSet
+from registry.models import VersionStatus
+from registry.roles import has_role
+
+from ..forms import AliasSetForm, DeployForm, DiffForm, ModelCreateForm, error_text
+from .access import requires, run_service
+
+PAGE_SIZES = (25, 50, 100)
+PENDING = (VersionStatus.UPLOADED, VersionStatus.VALIDATING)
+
+
+def found(selector, *args):
+    """A selector's result, or 404 when the registry says it does not exist."""
+    try:
+        return selector(*args)
+    except NotFound as exc:
+        raise Http404(exc.message) from None
+
+
+def page_size(request: HttpRequest) -> int:
+    try:
+        size = int(request.GET.get("per_page", PAGE_SIZES[0]))
+    except ValueError:
+        return PAGE_SIZES[0]
+    return size if size in PAGE_SIZES else PAGE_SIZES[0]
+
+
+@require_GET
+@requires("viewer")
+def model_list(request: HttpRequest) -> HttpResponse:
+    filterset = ModelFilterSet(request.GET, queryset=selectors.model_list())
+    size = page_size(request)
+    page = Paginator(filterset.qs, size).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    context = {"filter": filterset, "page": page, "query": query.urlencode(),
+               "per_page": size, "page_sizes": PAGE_SIZES}
+    if request.htmx:
+        return render(request, "console/partials/model_table.html", context)
+    return render(request, "console/model_list.html", context)
+
+
+@requires("engineer", write="engineer")
+def model_create(request: HttpRequest) -> HttpResponse:
+    form = ModelCreateForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        model = run_service(request, services.model_create, success="Model created.",
+                            name=form.cleaned_data["name"],
+                            description=form.cleaned_data["description"],
+                            tags=form.cleaned_data["tags"])
+        if model is not None:
+            return redirect("console:model-detail", name=model.name)
+    return render(request, "console/model_form.html", {"form": form},
+                  status=400 if request.method == "POST" else 200)
+
+
+def version_rows_context(request: HttpRequest, model) -> dict:
+    versions = list(selectors.version_list(model))
+    endpoint = selectors.endpoint_get(model)
+    return {
+        "model": model, "versions": versions, "endpoint": endpoint,
+        "numbers": [v.number for v in versions],
+        "pending": any(v.status in PENDING for v in versions),
+        "can_write": has_role(request.user, "engineer"),
+    }
+
+
+@require_GET
+@requires("viewer")
+def model_detail(request: HttpRequest, name: str) -> HttpResponse:
+    model = found(selectors.model_get, name)
+    context = version_rows_context(request, model)
+    context.update(
+        aliases=selectors.alias_list(model),
+        # PUT of the raw body: the multipart POST endpoint fails under session auth (CSRF reads
+        # the body before the view sets its upload handler); same service, same progress events.
+        upload_url=reverse("api:version-upload-raw", kwargs={"name": model.name}),
+    )
+    return render(request, "console/model_detail.html", context)
+
+
+@require_GET
+@requires("viewer")
+def version_rows(request: HttpRequest, name: str) -> HttpResponse:
+    """The versions table alone: polled by htmx while a version is still validating."""
+    model = found(selectors.model_get, name)
+    context = version_rows_context(request, model)
+    context["oob"] = True  # also refresh the version pickers (alias, compare)
+    return render(request, "console/partials/version_rows.html", context)
+
+
+def _tensor_rows(a: dict, b: dict, key: str) -> list[dict]:
+    def by_name(sig):
+        return {t["name"]: t for t in (sig or {}).get(key) or []}
+
+    left, right = by_name(a), by_name(b)
+    rows = []
+    for name in list(left) + [n for n in right if n not in left]:
+        la, rb = left.get(name), right.get(name)
+        rows.append({"name": name, "a": la, "b": rb,
+                     "change": _change(la, rb)})
+    return rows
+
+
+def _change(a, b) -> str:
+    if a is None:
+        return "only in B"
+    if b is None:
+        return "only in A"
+    return "same" if a == b else "changed"
+
+
+def _pairs(a: dict, b: dict) -> list[dict]:
+    keys = list(a) + [k for k in b if k not in a]
+    return [{"key": k, "a": a.get(k), "b": b.get(k),
+             "change": _change(a[k] if k in a else None, b[k] if k in b else None)}
+            for k in keys]
+
+
+@require_GET
+@requires("viewer")
+def model_diff(request: HttpRequest, name: str) -> HttpResponse:
+    model = found(selectors.model_get, name)
+    form = DiffForm(request.GET)
+    context: dict = {"model": model, "form": form}
+    if form.is_valid():
+        va = found(selectors.version_get, name, form.cleaned_data["a"])
+        vb = found(selectors.version_get, name, form.cleaned_data["b"])
+        sa, sb = va.signature or {}, vb.signature or {}
+        context.update(
+            a=va, b=vb,
+            inputs=_tensor_rows(sa, sb, "inputs"), outputs=_tensor_rows(sa, sb, "outputs"),
+            graph=_pairs({k: v for k, v in sa.items() if k not in ("inputs", "outputs")},
+                         {k: v for k, v in sb.items() if k not in ("inputs", "outputs")}),
+            metadata=_pairs(va.metadata or {}, vb.metadata or {}),
+        )
+    template = "console/partials/diff.html" if request.htmx else "console/model_diff.html"
+    return render(request, template, context, status=200 if form.is_valid() else 400)
+
+
+@require_POST
+@requires(write="engineer")
+def alias_set(request: HttpRequest, name: str) -> HttpResponse:
+    form = AliasSetForm(request.POST)
+    if form.is_valid():
+        run_service(request, services.alias_set, model_name=name,
+                    alias=form.cleaned_data["alias"],
+                    version_number=form.cleaned_data["version"],
+                    success=f"Alias {form.cleaned_data['alias']!r} now points at version "
+                            f"{form.cleaned_data['version']}.")
+    else:
+        messages.error(request, error_text(form))
+    return redirect(reverse("console:model-detail", kwargs={"name": name}) + "#aliases")
+
+
+@require_POST
+@requires(write="engineer")
+def alias_remove(request: HttpRequest, name: str, alias: str) -> HttpResponse:
+    run_service(request, services.alias_remove, model_name=name, alias=alias,
+                success=f"Alias {alias!r} removed.")
+    return redirect(reverse("console:model-detail", kwargs={"name": name}) + "#aliases")
+
+
+@require_POST
+@requires(write="engineer")
+def endpoint_deploy(request: HttpRequest, name: str) -> HttpResponse:
+    form = DeployForm(request.POST)
+    if form.is_valid():
+        number = form.cleaned_data["version"]
+        run_service(request, services.endpoint_deploy, model_name=name, version_number=number,
+                    reason=form.cleaned_data["reason"],
+                    success=f"Version {number} is now stable; replicas are loading it.")
+    else:
+        messages.error(request, error_text(form))
+    return redirect(reverse("console:model-detail", kwargs={"name": name}) + "#endpoint")

@@ -1,0 +1,198 @@
+"""REST API for integrations with the world outside: Triton model-repository export, webhook
+subscriptions and their delivery log (admin), TensorRT engine builds (engineer)."""
+
+from __future__ import annotations
+
+from django.http import StreamingHttpResponse
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import generics, serializers, status
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.parsers import JSONParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from .. import selectors
+from ..errors import InvalidRequest, NotFound
+from ..export import FORMATS, parse_versions, stream_tar_gz, triton_export
+from ..models import WebhookDelivery, WebhookSubscription
+from ..services import tensorrt as trt_services
+from ..services import webhooks as hooks
+from ..tensorrt import PRECISIONS
+from ..webhooks import EVENTS
+from .serializers import VersionSerializer
+from .views import actor, valid
+
+# -- Triton export ----------------------------------------------------------------------------
+
+
+class IgnoreFormatParameter(DefaultContentNegotiation):
+    """`?format=triton` names the archive format, not a DRF renderer; errors still render JSON."""
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
+class ModelExportView(APIView):
+    content_negotiation_class = IgnoreFormatParameter
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("format", str, enum=list(FORMATS), required=True),
+            OpenApiParameter("versions", str, description=(
+                "'all' (default: every ready version), 'stable', or numbers like 1,2")),
+            OpenApiParameter("kind", str, enum=["auto", "cpu", "gpu"], description=(
+                "instance_group kind; auto: GPU when validation ran on a GPU provider")),
+        ],
+        responses={(200, "application/gzip"): bytes})
+    def get(self, request, name):
+        """A Triton model repository (.tar.gz): <model>/config.pbtxt and <model>/<n>/model.onnx."""
+        fmt = request.query_params.get("format", "")
+        if fmt not in FORMATS:
+            raise InvalidRequest(f"format must be one of {', '.join(FORMATS)}", field="format")
+        export = triton_export(model_name=name,
+                               versions=parse_versions(request.query_params.get("versions")),
+                               kind=request.query_params.get("kind", "auto"))
+        response = StreamingHttpResponse(stream_tar_gz(export), content_type="application/gzip")
+        response["Content-Disposition"] = f'attachment; filename="{export.filename}"'
+        response["X-Exported-Versions"] = ",".join(str(v.number) for v in export.versions)
+        return response
+
+
+# -- TensorRT ---------------------------------------------------------------------------------
+
+
+class TensorRTBuildSerializer(serializers.Serializer):
+    precision = serializers.ChoiceField(choices=PRECISIONS, default="fp16")
+
+
+class VersionTensorRTView(APIView):
+    parser_classes = [JSONParser]
+
+    @extend_schema(responses={200: dict})
+    def get(self, request, name, number):
+        """Engine build status per precision (also in the version detail's validation_report)."""
+        version = selectors.version_get(name, number)
+        return Response({"model": name, "version": number, "tensorrt": (
+            version.validation_report or {}).get("tensorrt") or {}})
+
+    @extend_schema(request=TensorRTBuildSerializer, responses={202: VersionSerializer})
+    def post(self, request, name, number):
+        """Build a TensorRT engine for the version on a GPU worker (status in the detail)."""
+        data = valid(TensorRTBuildSerializer, request.data)
+        version = trt_services.tensorrt_build(model_name=name, number=number,
+                                              precision=data["precision"], actor=actor(request))
+        return Response(VersionSerializer(version).data, status=status.HTTP_202_ACCEPTED)
+
+
+# -- Webhooks ---------------------------------------------------------------------------------
+
+
+class WebhookSerializer(serializers.ModelSerializer):
+    model = serializers.CharField(source="model.name", default=None, read_only=True)
+    created_by = serializers.CharField(source="created_by.username", default=None,
+                                       read_only=True)
+
+    class Meta:
+        model = WebhookSubscription
+        fields = ["id", "name", "url", "model", "events", "active", "created_by", "created_at",
+                  "updated_at"]
+
+
+class WebhookWriteSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    url = serializers.CharField(max_length=500, required=False)
+    model = serializers.CharField(required=False, allow_null=True, allow_blank=True,
+                                  help_text="a model's name; null or omitted: every model")
+    events = serializers.ListField(child=serializers.ChoiceField(choices=EVENTS),
+                                   required=False, help_text="empty: every event")
+    active = serializers.BooleanField(required=False)
+    secret = serializers.CharField(required=False, min_length=16, max_length=200,
+                                   help_text="HMAC key; generated when omitted on create")
+
+
+class WebhookAttemptSerializer(serializers.Serializer):
+    number = serializers.IntegerField()
+    status_code = serializers.IntegerField(allow_null=True)
+    error = serializers.CharField()
+    duration_ms = serializers.FloatField()
+    at = serializers.DateTimeField()
+
+
+class WebhookDeliverySerializer(serializers.ModelSerializer):
+    webhook = serializers.IntegerField(source="subscription_id")
+    attempt_log = WebhookAttemptSerializer(many=True)
+
+    class Meta:
+        model = WebhookDelivery
+        fields = ["id", "webhook", "event", "audit_event", "status", "attempts", "max_attempts",
+                  "last_status_code", "last_error", "created_at", "finished_at", "body",
+                  "attempt_log"]
+
+
+class _AdminOnly:
+    read_role = write_role = "admin"
+
+
+class WebhookListView(_AdminOnly, generics.ListAPIView):
+    serializer_class = WebhookSerializer
+    parser_classes = [JSONParser]
+
+    def get_queryset(self):
+        return WebhookSubscription.objects.select_related("model", "created_by")
+
+    @extend_schema(request=WebhookWriteSerializer, responses={201: WebhookSerializer})
+    def post(self, request):
+        """Subscribe a URL; the answer shows the signing secret, once."""
+        data = valid(WebhookWriteSerializer, request.data)
+        if not data.get("url"):
+            raise InvalidRequest("url is required", field="url")
+        sub = hooks.webhook_create(actor=actor(request), **data)
+        return Response({**WebhookSerializer(sub).data, "secret": sub.secret},
+                        status=status.HTTP_201_CREATED)
+
+
+def _webhook(pk: int) -> WebhookSubscription:
+    sub = WebhookSubscription.objects.select_related("model", "created_by").filter(pk=pk).first()
+    if sub is None:
+        raise NotFound(f"no webhook {pk}", field="webhook")
+    return sub
+
+
+class WebhookDetailView(_AdminOnly, APIView):
+    parser_classes = [JSONParser]
+
+    @extend_schema(responses=WebhookSerializer)
+    def get(self, request, pk):
+        return Response(WebhookSerializer(_webhook(pk)).data)
+
+    @extend_schema(request=WebhookWriteSerializer, responses=WebhookSerializer)
+    def patch(self, request, pk):
+        data = valid(WebhookWriteSerializer, request.data)
+        sub = hooks.webhook_update(webhook_id=pk, actor=actor(request), **data)
+        return Response(WebhookSerializer(sub).data)
+
+    def delete(self, request, pk):
+        hooks.webhook_delete(webhook_id=pk, actor=actor(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class WebhookTestView(_AdminOnly, APIView):
+    @extend_schema(request=None, responses=WebhookDeliverySerializer)
+    def post(self, request, pk):
+        """Send a `ping` event now (one attempt) and answer with the delivery and its result."""
+        delivery = hooks.webhook_test(webhook_id=pk, actor=actor(request))
+        return Response(WebhookDeliverySerializer(delivery).data)
+
+
+class WebhookDeliveryListView(_AdminOnly, generics.ListAPIView):
+    """The delivery log of one webhook, newest first, each with its attempts."""
+
+    serializer_class = WebhookDeliverySerializer
+
+    def get_queryset(self):
+        sub = _webhook(self.kwargs["pk"])
+        qs = sub.deliveries.prefetch_related("attempt_log")
+        for key in ("status", "event"):
+            if self.request.query_params.get(key):
+                qs = qs.filter(**{key: self.request.query_params[key]})
+        return qs

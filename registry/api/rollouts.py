@@ -1,0 +1,115 @@
+"""REST API for rollouts: thin views over registry.services.rollouts. Every POST accepts
+?wait=<seconds> (block until every live replica applied the change), answers with the endpoint,
+its state and, with ?wait, the convergence; a refused transition is a 409 naming the state."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.parsers import JSONParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from .. import selectors, services
+from ..services.deployments import endpoint_state
+from ..services.rollouts import ROLLBACK_ORDERS
+from .views import actor, endpoint_response, valid
+
+WAIT = OpenApiParameter("wait", float, description=(
+    "seconds to wait until every live replica applied the change"))
+
+
+class ReasonSerializer(serializers.Serializer):
+    reason = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class CanarySerializer(ReasonSerializer):
+    version = serializers.IntegerField(min_value=1)
+    weight = serializers.IntegerField(min_value=0, max_value=100, default=0)
+    plan = serializers.JSONField(required=False, default=None)
+    override = serializers.BooleanField(default=False, help_text=(
+        "admin only: start despite signature differences (needs a reason)"))
+
+
+class WeightSerializer(ReasonSerializer):
+    weight = serializers.IntegerField(min_value=0, max_value=100)
+
+
+class VersionReasonSerializer(ReasonSerializer):
+    version = serializers.IntegerField(min_value=1)
+
+
+class RollbackSerializer(VersionReasonSerializer):
+    order = serializers.ChoiceField(choices=ROLLBACK_ORDERS, default="load-first")
+
+
+def rollout_response(name: str, request, ep):
+    response = endpoint_response(name, request, ep.revision)
+    response.data["state"] = endpoint_state(ep)
+    response.data["warm_versions"] = ep.warm_versions
+    return response
+
+
+class _Op(APIView):
+    """POST runs `service` with the validated body; subclasses name both."""
+
+    parser_classes = [JSONParser]
+    serializer_class = ReasonSerializer
+    service = None
+    fields: dict[str, str] = {}
+
+    def post(self, request, name):
+        data = valid(self.serializer_class, request.data)
+        kwargs = {self.fields.get(k, k): v for k, v in data.items()}
+        ep = type(self).service(model_name=name, actor=actor(request), **kwargs)
+        return rollout_response(name, request, ep)
+
+
+def op(service, serializer=ReasonSerializer, doc: str = "", **fields) -> type[_Op]:
+    view = type(f"{service.__name__.title().replace('_', '')}View", (_Op,), {
+        "serializer_class": serializer, "service": staticmethod(service), "fields": fields})
+    view.post = extend_schema(request=serializer, parameters=[WAIT], description=doc or (
+        service.__doc__ or ""))(view.post)
+    return view
+
+
+CanaryView = op(services.canary_start, CanarySerializer, version="version_number")
+WeightView = op(services.canary_weight, WeightSerializer)
+PromoteView = op(services.canary_promote)
+AbortView = op(services.canary_abort)
+PauseView = op(services.analysis_pause, doc="Pause the automated analysis (weights by hand).")
+ResumeView = op(services.analysis_resume)
+RollbackView = op(services.rollback, RollbackSerializer, version="version_number")
+BlueGreenDeployView = op(services.bluegreen_deploy, VersionReasonSerializer,
+                         version="version_number")
+SwitchView = op(services.bluegreen_switch)
+SwitchBackView = op(services.bluegreen_switch_back,
+                    doc="Send all traffic back to the colour the last switch left.")
+BlueGreenFinishView = op(services.bluegreen_finish)
+
+
+class ShadowView(APIView):
+    parser_classes = [JSONParser]
+
+    @extend_schema(responses={200: dict})
+    def get(self, request, name):
+        """The shadow version and the newest comparison a replica reported for it."""
+        from ..metrics import latest_shadow
+
+        ep = selectors.endpoint_get(selectors.model_get(name))
+        shadow = ep.shadow.number if ep and ep.shadow else None
+        return Response({"model": name, "shadow": shadow, "comparison": latest_shadow(name)})
+
+    @extend_schema(request=VersionReasonSerializer, parameters=[WAIT])
+    def post(self, request, name):
+        """Mirror live traffic to a version; answers recorded, never returned."""
+        data = valid(VersionReasonSerializer, request.data)
+        ep = services.shadow_start(model_name=name, version_number=data["version"],
+                                   reason=data["reason"], actor=actor(request))
+        return rollout_response(name, request, ep)
+
+    @extend_schema(parameters=[WAIT])
+    def delete(self, request, name):
+        ep = services.shadow_stop(model_name=name, actor=actor(request),
+                                  reason=request.query_params.get("reason", ""))
+        return rollout_response(name, request, ep)

@@ -1,0 +1,171 @@
+from django.urls import reverse
+from rest_framework import serializers
+
+from ..models import Alias, ApiToken, AuditEvent, EndpointApiKey, ModelVersion, RegisteredModel
+
+
+def _number(version):
+    return version.number if version is not None else None
+
+
+class ModelSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username", default=None, read_only=True)
+    version_count = serializers.IntegerField(read_only=True, default=0)
+    latest_version = serializers.IntegerField(read_only=True, default=None)
+    stable_version = serializers.SerializerMethodField()
+    candidate_version = serializers.SerializerMethodField()
+    candidate_weight = serializers.SerializerMethodField()
+
+    class Meta:
+        model = RegisteredModel
+        fields = ["name", "description", "tags", "owner", "archived", "created_at", "updated_at",
+                  "version_count", "latest_version", "stable_version", "candidate_version",
+                  "candidate_weight"]
+
+    def _endpoint(self, obj):
+        try:
+            return obj.endpoint
+        except RegisteredModel.endpoint.RelatedObjectDoesNotExist:
+            return None
+
+    def get_stable_version(self, obj) -> int | None:
+        ep = self._endpoint(obj)
+        return _number(ep.stable) if ep else None
+
+    def get_candidate_version(self, obj) -> int | None:
+        ep = self._endpoint(obj)
+        return _number(ep.candidate) if ep else None
+
+    def get_candidate_weight(self, obj) -> int:
+        ep = self._endpoint(obj)
+        return ep.candidate_weight if ep and ep.candidate_id else 0
+
+
+class ModelCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+    tags = serializers.ListField(child=serializers.CharField(), required=False, default=list)
+
+
+class ModelUpdateSerializer(serializers.Serializer):
+    description = serializers.CharField(required=False, allow_blank=True)
+    tags = serializers.ListField(child=serializers.CharField(), required=False)
+
+
+class ArchiveSerializer(serializers.Serializer):
+    archived = serializers.BooleanField(default=True)
+    reason = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class VersionSerializer(serializers.ModelSerializer):
+    model = serializers.CharField(source="model.name", read_only=True)
+    created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
+    aliases = serializers.SerializerMethodField()
+    artifact_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ModelVersion
+        fields = ["model", "number", "status", "failure_reason", "sha256", "size_bytes", "format",
+                  "original_filename", "signature", "metadata", "validation_report",
+                  "max_batch_size", "preferred_batch_sizes", "max_queue_delay_us",
+                  "max_queue_size", "instance_count", "intra_op_threads",
+                  "graph_optimization_level", "aliases", "created_by", "created_at",
+                  "artifact_url"]
+
+    def get_aliases(self, obj) -> list[str]:
+        return [a.name for a in obj.aliases.all()]
+
+    def get_artifact_url(self, obj) -> str:
+        return reverse("api:version-artifact", args=[obj.model.name, obj.number])
+
+
+class VersionConfigSerializer(serializers.Serializer):
+    max_batch_size = serializers.IntegerField(required=False)
+    preferred_batch_sizes = serializers.ListField(child=serializers.IntegerField(), required=False)
+    max_queue_delay_us = serializers.IntegerField(required=False)
+    max_queue_size = serializers.IntegerField(required=False)
+    instance_count = serializers.IntegerField(required=False)
+    intra_op_threads = serializers.IntegerField(required=False)
+    graph_optimization_level = serializers.CharField(required=False)
+
+
+class UploadSerializer(serializers.Serializer):
+    file = serializers.FileField(help_text="the .onnx file")
+    metadata = serializers.JSONField(required=False, help_text="lineage: git commit, dataset...")
+
+
+class AliasSerializer(serializers.ModelSerializer):
+    version = serializers.IntegerField(source="version.number")
+
+    class Meta:
+        model = Alias
+        fields = ["name", "version", "updated_at"]
+
+
+class AliasSetSerializer(serializers.Serializer):
+    version = serializers.IntegerField(min_value=1)
+
+
+class DeploySerializer(serializers.Serializer):
+    version = serializers.IntegerField(min_value=1, allow_null=True)
+    reason = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class EndpointSerializer(serializers.Serializer):
+    model = serializers.CharField(source="model.name")
+    stable = serializers.SerializerMethodField()
+    candidate = serializers.SerializerMethodField()
+    candidate_weight = serializers.IntegerField()
+    blue = serializers.SerializerMethodField()
+    green = serializers.SerializerMethodField()
+    live_color = serializers.CharField()
+    shadow = serializers.SerializerMethodField()
+    revision = serializers.IntegerField()
+    settings = serializers.JSONField()
+    updated_at = serializers.DateTimeField()
+
+    def get_stable(self, obj) -> int | None:
+        return _number(obj.stable)
+
+    def get_candidate(self, obj) -> int | None:
+        return _number(obj.candidate)
+
+    def get_blue(self, obj) -> int | None:
+        return _number(obj.blue)
+
+    def get_green(self, obj) -> int | None:
+        return _number(obj.green)
+
+    def get_shadow(self, obj) -> int | None:
+        return _number(obj.shadow)
+
+
+class ApiKeySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = EndpointApiKey
+        fields = ["name", "prefix", "created_at", "revoked_at"]
+
+
+class NameSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=64)
+
+
+class TokenSerializer(serializers.ModelSerializer):
+    user = serializers.CharField(source="user.username")
+
+    class Meta:
+        model = ApiToken
+        fields = ["token_key", "name", "user", "created", "expiry"]
+
+
+class TokenCreateSerializer(serializers.Serializer):
+    user = serializers.CharField()
+    name = serializers.CharField(max_length=100)
+    expires_in_days = serializers.IntegerField(required=False, allow_null=True, default=90)
+
+
+class AuditEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = AuditEvent
+        fields = ["id", "created_at", "actor_name", "action", "target_type", "target",
+                  "model_name", "before", "after", "reason", "request_id", "client_address"]

@@ -1,0 +1,343 @@
+"""REST API for CI. Thin: parse, call one service or selector, serialise."""
+
+from __future__ import annotations
+
+import json
+
+from django.http import FileResponse
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import generics, status
+from rest_framework.parsers import FileUploadParser, JSONParser, MultiPartParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from .. import selectors, services
+from ..artifacts import CHUNK, default_store
+from ..audit import Actor
+from ..convergence import wait_for_revision
+from ..errors import InvalidRequest, LifecycleError, PayloadTooLarge
+from ..filtersets import AuditFilterSet, ModelFilterSet
+from ..models import ApiToken
+from ..roles import role_of
+from . import serializers as s
+from .uploads import StoreUploadHandler
+
+
+def actor(request) -> Actor:
+    return Actor.from_request(request)
+
+
+def valid(serializer_class, data, **kwargs) -> dict:
+    ser = serializer_class(data=data, **kwargs)
+    ser.is_valid(raise_exception=True)
+    return ser.validated_data
+
+
+def wait_seconds(request) -> float | None:
+    raw = request.query_params.get("wait")
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise InvalidRequest("wait must be a number of seconds", field="wait") from None
+
+
+class MeView(APIView):
+    @extend_schema(responses={200: dict})
+    def get(self, request):
+        return Response({"username": request.user.get_username(), "role": role_of(request.user)})
+
+
+class ModelListView(generics.ListAPIView):
+    serializer_class = s.ModelSerializer
+    filterset_class = ModelFilterSet
+
+    def get_queryset(self):
+        return selectors.model_list()
+
+    @extend_schema(request=s.ModelCreateSerializer, responses={201: s.ModelSerializer})
+    def post(self, request):
+        data = valid(s.ModelCreateSerializer, request.data)
+        model = services.model_create(actor=actor(request), **data)
+        return Response(s.ModelSerializer(selectors.model_get(model.name)).data,
+                        status=status.HTTP_201_CREATED)
+
+
+class ModelDetailView(APIView):
+    @extend_schema(responses=s.ModelSerializer)
+    def get(self, request, name):
+        return Response(s.ModelSerializer(selectors.model_get(name)).data)
+
+    @extend_schema(request=s.ModelUpdateSerializer, responses=s.ModelSerializer)
+    def patch(self, request, name):
+        data = valid(s.ModelUpdateSerializer, request.data)
+        services.model_update(name=name, actor=actor(request), **data)
+        return Response(s.ModelSerializer(selectors.model_get(name)).data)
+
+
+class ModelArchiveView(APIView):
+    @extend_schema(request=s.ArchiveSerializer, responses=s.ModelSerializer)
+    def post(self, request, name):
+        data = valid(s.ArchiveSerializer, request.data)
+        services.model_archive(name=name, actor=actor(request), **data)
+        return Response(s.ModelSerializer(selectors.model_get(name)).data)
+
+
+def _check_uploadable(request, name: str) -> None:
+    """Refuse before reading the body: unknown/archived model, declared size over the limit."""
+    model = selectors.model_get(name)
+    if model.archived:
+        raise LifecycleError(f"model {name!r} is archived; unarchive it first")
+    declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    limit = default_store().max_bytes
+    if declared > limit + 1024 * 1024:
+        raise PayloadTooLarge(f"request body of {declared} bytes is over the artifact limit of "
+                              f"{limit} bytes", field="file")
+
+
+def _metadata(raw) -> dict | None:
+    if raw in (None, ""):
+        return None
+    if isinstance(raw, dict):
+        return raw
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        raise InvalidRequest("metadata is not valid JSON", field="metadata") from None
+    if not isinstance(value, dict):
+        raise InvalidRequest("metadata must be a JSON object", field="metadata")
+    return value
+
+
+def _upload_response(version, created: bool) -> Response:
+    body = s.VersionSerializer(version).data
+    body["created"] = created
+    if not created:
+        body["detail"] = (f"identical artifact (sha256 {version.sha256[:12]}…) is already "
+                          f"version {version.number}; nothing was created")
+    return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class OnlyFileField(StoreUploadHandler):
+    """Streams the multipart field `file` into the store; any other file field is an error."""
+
+    def new_file(self, field_name, *args, **kwargs):
+        if field_name != "file":
+            raise InvalidRequest(f"unexpected file field {field_name!r}; send the model as "
+                                 f"'file'", field=field_name)
+        super().new_file(field_name, *args, **kwargs)
+
+
+class VersionListView(generics.ListAPIView):
+    serializer_class = s.VersionSerializer
+    parser_classes = [MultiPartParser]
+
+    def get_queryset(self):
+        return selectors.version_list(selectors.model_get(self.kwargs["name"]))
+
+    def initial(self, request, *args, **kwargs):
+        # Install the streaming handler before authentication: with a browser session, the CSRF
+        # check reads request.POST, which parses the multipart body there and then.
+        if request.method == "POST":
+            request._request.upload_handlers = [OnlyFileField(default_store(), request._request)]
+        super().initial(request, *args, **kwargs)
+
+    @extend_schema(request={"multipart/form-data": s.UploadSerializer},
+                   responses={201: s.VersionSerializer, 200: s.VersionSerializer})
+    def post(self, request, name):
+        """Upload a version (multipart field `file`, optional `metadata` JSON)."""
+        _check_uploadable(request, name)
+        upload = request.FILES.get("file")
+        if upload is None:
+            raise InvalidRequest("multipart field 'file' is missing", field="file")
+        version, created = services.version_upload(
+            model_name=name, blob=upload.blob, actor=actor(request), filename=upload.name,
+            metadata=_metadata(request.data.get("metadata")),
+        )
+        return _upload_response(version, created)
+
+
+class VersionRawUploadView(APIView):
+    parser_classes = [FileUploadParser]
+
+    @extend_schema(
+        request={"application/octet-stream": bytes},
+        parameters=[OpenApiParameter("filename", str), OpenApiParameter("metadata", str)],
+        responses={201: s.VersionSerializer, 200: s.VersionSerializer},
+    )
+    def put(self, request, name):
+        """Upload a version as the raw request body (curl --upload-file)."""
+        _check_uploadable(request, name)
+        writer = default_store().writer()
+        try:
+            while chunk := request._request.read(CHUNK):
+                writer.write(chunk)
+        except PayloadTooLarge:
+            raise
+        except BaseException:
+            writer.abort()
+            raise
+        blob = writer.finish()
+        version, created = services.version_upload(
+            model_name=name, blob=blob, actor=actor(request),
+            filename=request.query_params.get("filename", ""),
+            metadata=_metadata(request.query_params.get("metadata")
+                               or request.headers.get("X-Model-Metadata")),
+        )
+        return _upload_response(version, created)
+
+
+class VersionDetailView(APIView):
+    @extend_schema(responses=s.VersionSerializer)
+    def get(self, request, name, number):
+        return Response(s.VersionSerializer(selectors.version_get(name, number)).data)
+
+    @extend_schema(request=s.VersionConfigSerializer, responses=s.VersionSerializer)
+    def patch(self, request, name, number):
+        """Change serving settings (batching, instances, threads); other fields are immutable."""
+        allowed = set(s.VersionConfigSerializer().fields)
+        immutable = set(request.data) - allowed
+        if immutable:
+            raise InvalidRequest(f"{', '.join(sorted(immutable))}: a version is immutable; only "
+                                 f"serving settings ({', '.join(sorted(allowed))}) can change",
+                                 field=sorted(immutable)[0])
+        data = valid(s.VersionConfigSerializer, request.data)
+        services.version_configure(model_name=name, number=number, actor=actor(request), **data)
+        return Response(s.VersionSerializer(selectors.version_get(name, number)).data)
+
+
+class VersionArtifactView(APIView):
+    @extend_schema(responses={(200, "application/octet-stream"): bytes})
+    def get(self, request, name, number):
+        version = selectors.version_get(name, number)
+        path = default_store().path_for(version.sha256)
+        response = FileResponse(open(path, "rb"), as_attachment=True,
+                                filename=f"{name}-v{number}.onnx",
+                                content_type="application/octet-stream")
+        response["X-Checksum-Sha256"] = version.sha256
+        return response
+
+
+class AliasListView(APIView):
+    @extend_schema(responses=s.AliasSerializer(many=True))
+    def get(self, request, name):
+        aliases = selectors.alias_list(selectors.model_get(name))
+        return Response(s.AliasSerializer(aliases, many=True).data)
+
+
+class AliasDetailView(APIView):
+    @extend_schema(request=s.AliasSetSerializer, responses=s.AliasSerializer)
+    def put(self, request, name, alias):
+        data = valid(s.AliasSetSerializer, request.data)
+        obj = services.alias_set(model_name=name, alias=alias, version_number=data["version"],
+                                 actor=actor(request))
+        return Response(s.AliasSerializer(obj).data)
+
+    def delete(self, request, name, alias):
+        services.alias_remove(model_name=name, alias=alias, actor=actor(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def endpoint_response(name: str, request, revision: int | None = None) -> Response:
+    ep = selectors.endpoint_get(selectors.model_get(name))
+    body = s.EndpointSerializer(ep).data if ep else {"model": name, "stable": None, "revision": 0}
+    seconds = wait_seconds(request)
+    if seconds is not None and revision is not None:
+        body["convergence"] = wait_for_revision(revision, seconds)
+    return Response(body)
+
+
+class EndpointView(APIView):
+    @extend_schema(responses=s.EndpointSerializer)
+    def get(self, request, name):
+        return endpoint_response(name, request)
+
+
+class EndpointDeployView(APIView):
+    @extend_schema(request=s.DeploySerializer, responses=s.EndpointSerializer,
+                   parameters=[OpenApiParameter("wait", float, description=(
+                       "seconds to wait until every live replica applied the change"))])
+    def post(self, request, name):
+        """Make a ready version the stable one (version null: stop serving)."""
+        data = valid(s.DeploySerializer, request.data)
+        ep = services.endpoint_deploy(model_name=name, version_number=data["version"],
+                                      actor=actor(request), reason=data["reason"])
+        return endpoint_response(name, request, ep.revision)
+
+
+class ApiKeyListView(APIView):
+    @extend_schema(responses=s.ApiKeySerializer(many=True))
+    def get(self, request, name):
+        ep = selectors.endpoint_get(selectors.model_get(name))
+        keys = ep.api_keys.all() if ep else []
+        return Response(s.ApiKeySerializer(keys, many=True).data)
+
+    @extend_schema(request=s.NameSerializer, responses={201: dict})
+    def post(self, request, name):
+        data = valid(s.NameSerializer, request.data)
+        key, raw = services.api_key_create(model_name=name, name=data["name"],
+                                           actor=actor(request))
+        return Response({**s.ApiKeySerializer(key).data, "key": raw},
+                        status=status.HTTP_201_CREATED)
+
+
+class ApiKeyDetailView(APIView):
+    def delete(self, request, name, prefix):
+        services.api_key_revoke(model_name=name, prefix=prefix, actor=actor(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class AuditListView(generics.ListAPIView):
+    read_role = "admin"
+    serializer_class = s.AuditEventSerializer
+    filterset_class = AuditFilterSet
+
+    def get_queryset(self):
+        return selectors.audit_list()
+
+
+class TokenListView(generics.ListAPIView):
+    read_role = write_role = "admin"
+    serializer_class = s.TokenSerializer
+
+    def get_queryset(self):
+        return ApiToken.objects.select_related("user")
+
+    @extend_schema(request=s.TokenCreateSerializer, responses={201: dict})
+    def post(self, request):
+        """Create a named token for a user; the token is shown once."""
+        data = valid(s.TokenCreateSerializer, request.data)
+        token, raw = services.token_create(username=data["user"], name=data["name"],
+                                           expires_in_days=data["expires_in_days"],
+                                           actor=actor(request))
+        return Response({**s.TokenSerializer(token).data, "token": raw},
+                        status=status.HTTP_201_CREATED)
+
+
+class TokenDetailView(APIView):
+    read_role = write_role = "admin"
+
+    def delete(self, request, token_key):
+        services.token_revoke(token_key=token_key, actor=actor(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ReplicaListView(APIView):
+    @extend_schema(responses={200: dict})
+    def get(self, request):
+        from ..notify import current_revision
+
+        revision = current_revision()
+        rows = [{"replica": r.replica, "revision": r.revision, "converged": r.revision >= revision,
+                 "versions": r.versions, "degraded": r.degraded, "address": r.address,
+                 "started_at": r.started_at, "last_seen": r.last_seen}
+                for r in selectors.replicas()]
+        return Response({"revision": revision, "replicas": rows,
+                         "converged": sum(r["converged"] for r in rows)})
+
+
+JSON_ONLY = [JSONParser]
+for _view in (ModelListView, ModelDetailView, ModelArchiveView, VersionDetailView,
+              AliasDetailView, EndpointDeployView, ApiKeyListView, TokenListView):
+    _view.parser_classes = JSON_ONLY

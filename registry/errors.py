@@ -1,0 +1,29 @@
+"""Domain errors raised by services; the API maps each to a status code once, centrally."""
+
+
+class RegistryError(Exception):
+    status = 400
+
+    def __init__(self, message: str, *, field: str | None = None, details=None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.details = details
+
+
+class InvalidRequest(RegistryError):
+    status = 400
+
+
+class NotFound(RegistryError):
+    status = 404
+
+
+class LifecycleError(RegistryError):
+    """The object's current state forbids the transition (409)."""
+
+    status = 409
+
+
+class PayloadTooLarge(RegistryError):
+    status = 413

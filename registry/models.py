@@ -1,0 +1,408 @@
+"""Registry data: models, immutable versions, aliases, endpoints (desired routing), replicas'
+heartbeats (observed state), API tokens, the append-only audit log, and jobs (async inference,
+batch transforms) with their datasets."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+from knox.models import AbstractAuthToken
+
+SLUG = RegexValidator(
+    r"^[a-z0-9][a-z0-9_.-]{0,99}$",
+    "use 1-100 lowercase letters, digits, '-', '_' or '.', starting with a letter or digit",
+)
+
+
+class RegisteredModel(models.Model):
+    name = models.CharField(max_length=100, unique=True, validators=[SLUG])
+    description = models.TextField(blank=True, default="")
+    tags = models.JSONField(default=list, blank=True)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="owned_models",
+    )
+    archived = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class VersionStatus(models.TextChoices):
+    UPLOADED = "uploaded"
+    VALIDATING = "validating"
+    READY = "ready"
+    FAILED = "failed"
+
+
+class ModelVersion(models.Model):
+    """An immutable artifact plus what validation learned about it. Serving settings (batching,
+    threads) are the only fields that change after upload; each change is a new route revision."""
+
+    model = models.ForeignKey(RegisteredModel, on_delete=models.PROTECT, related_name="versions")
+    number = models.PositiveIntegerField()
+    sha256 = models.CharField(max_length=64)
+    size_bytes = models.BigIntegerField()
+    format = models.CharField(max_length=16, default="onnx")
+    original_filename = models.CharField(max_length=255, blank=True, default="")
+    signature = models.JSONField(default=dict, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    status = models.CharField(
+        max_length=16, choices=VersionStatus.choices, default=VersionStatus.UPLOADED
+    )
+    failure_reason = models.TextField(blank=True, default="")
+    validation_report = models.JSONField(default=dict, blank=True)
+    validation_started_at = models.DateTimeField(null=True, blank=True)
+    validation_attempts = models.PositiveSmallIntegerField(default=0)
+    # Serving configuration (Triton's names).
+    max_batch_size = models.PositiveIntegerField(default=0)
+    preferred_batch_sizes = models.JSONField(default=list, blank=True)
+    max_queue_delay_us = models.PositiveIntegerField(default=0)
+    max_queue_size = models.PositiveIntegerField(default=256, validators=[MinValueValidator(1)])
+    instance_count = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(16)]
+    )
+    intra_op_threads = models.PositiveSmallIntegerField(default=0)
+    graph_optimization_level = models.CharField(
+        max_length=8, default="all",
+        choices=[("disable", "disable"), ("basic", "basic"), ("extended", "extended"),
+                 ("all", "all")],
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "number"], name="version_number_unique"),
+            models.UniqueConstraint(fields=["model", "sha256"], name="version_sha256_unique"),
+        ]
+        indexes = [models.Index(fields=["status"]), models.Index(fields=["sha256"])]
+
+    def __str__(self) -> str:
+        return f"{self.model.name}:{self.number}"
+
+    @property
+    def is_ready(self) -> bool:
+        return self.status == VersionStatus.READY
+
+
+class Alias(models.Model):
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="aliases")
+    name = models.CharField(max_length=64, validators=[SLUG])
+    version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="aliases")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["model", "name"], name="alias_unique")]
+
+
+class Endpoint(models.Model):
+    """Desired routing for one model: stable, weighted candidate, blue/green slots, shadow."""
+
+    model = models.OneToOneField(RegisteredModel, on_delete=models.CASCADE, related_name="endpoint")
+    stable = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT,
+                               related_name="+")
+    candidate = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT,
+                                  related_name="+")
+    candidate_weight = models.PositiveSmallIntegerField(default=0,
+                                                        validators=[MaxValueValidator(100)])
+    blue = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT,
+                             related_name="+")
+    green = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT,
+                              related_name="+")
+    live_color = models.CharField(max_length=5, blank=True, default="",
+                                  choices=[("", "none"), ("blue", "blue"), ("green", "green")])
+    shadow = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT,
+                               related_name="+")
+    # Versions kept loaded without traffic until `warm_until` (instant rollback / switch back).
+    warm_versions = models.JSONField(default=list, blank=True)
+    warm_until = models.DateTimeField(null=True, blank=True)
+    settings = models.JSONField(default=dict, blank=True)
+    revision = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(candidate_weight__lte=100), name="weight_le_100"),
+        ]
+
+
+class RouteRevision(models.Model):
+    """A single row: the global route revision replicas poll. Bumped in the same transaction as
+    every change that alters what serving should run."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    value = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+
+class EndpointApiKey(models.Model):
+    """A key applications send to /infer when the endpoint requires one; only its hash is kept."""
+
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=64)
+    prefix = models.CharField(max_length=12)
+    key_hash = models.CharField(max_length=64, unique=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+
+class ReplicaHeartbeat(models.Model):
+    """Observed state of one serving replica, replaced on every heartbeat."""
+
+    replica = models.CharField(max_length=100, primary_key=True)
+    revision = models.BigIntegerField(default=0)
+    versions = models.JSONField(default=dict)
+    degraded = models.CharField(max_length=200, blank=True, default="")
+    address = models.CharField(max_length=200, blank=True, default="")
+    started_at = models.DateTimeField()
+    last_seen = models.DateTimeField()
+
+    class Meta:
+        ordering = ["replica"]
+
+
+class ApiToken(AbstractAuthToken):
+    """A named API token for CI (knox stores only its digest)."""
+
+    name = models.CharField(max_length=100, default="token")
+
+    class Meta:
+        ordering = ["-created"]
+
+
+class AuditEvent(models.Model):
+    """Append-only record of a mutation, written in the transaction that made it."""
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                              on_delete=models.SET_NULL, related_name="+")
+    actor_name = models.CharField(max_length=150)
+    action = models.CharField(max_length=64, db_index=True)
+    target_type = models.CharField(max_length=32)
+    target = models.CharField(max_length=200)
+    model_name = models.CharField(max_length=100, blank=True, default="", db_index=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    reason = models.TextField(blank=True, default="")
+    request_id = models.CharField(max_length=64, blank=True, default="")
+    client_address = models.CharField(max_length=64, blank=True, default="")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise ValueError("audit events are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise ValueError("audit events are append-only")
+
+
+class MetricSample(models.Model):
+    """A replica's cumulative counters for one version at one time bucket (one row per bucket,
+    overwritten by later heartbeats in the same bucket). Windows and charts are differences of
+    samples, summed over replicas."""
+
+    replica = models.CharField(max_length=100)
+    model_name = models.CharField(max_length=100)
+    version = models.PositiveIntegerField()
+    bucket = models.BigIntegerField(help_text="unix seconds // METRICS_BUCKET_SECONDS")
+    at = models.DateTimeField()
+    count = models.BigIntegerField(default=0)
+    errors = models.BigIntegerField(default=0)
+    latency_sum_s = models.FloatField(default=0)
+    latency_buckets = models.JSONField(default=list)
+    shadow = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(
+            fields=["replica", "model_name", "version", "bucket"], name="metric_sample_unique")]
+        indexes = [models.Index(fields=["model_name", "version", "bucket"])]
+
+
+class DatasetFormat(models.TextChoices):
+    NPY = "npy"
+    NPZ = "npz"
+    JSONL = "jsonl"
+
+
+class Dataset(models.Model):
+    """An uploaded input file for batch transforms, kept under ARTIFACT_ROOT/jobs/datasets/.
+    `columns` is what the header said (name -> dtype, row shape); JSON Lines has none."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    filename = models.CharField(max_length=255, blank=True, default="")
+    format = models.CharField(max_length=8, choices=DatasetFormat.choices)
+    size_bytes = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    rows = models.BigIntegerField(null=True, blank=True)
+    columns = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+
+class JobKind(models.TextChoices):
+    ASYNC = "async"
+    BATCH = "batch"
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Job(models.Model):
+    """An async inference or a batch transform of one version. A worker holds it by a lease
+    (`worker`, `heartbeat_at`); a lease not renewed in time means the worker died and the job is
+    taken over, resuming from its finished chunks."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    kind = models.CharField(max_length=8, choices=JobKind.choices)
+    status = models.CharField(max_length=12, choices=JobStatus.choices,
+                              default=JobStatus.QUEUED)
+    version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="jobs")
+    dataset = models.ForeignKey(Dataset, null=True, blank=True, on_delete=models.PROTECT,
+                                related_name="jobs")
+    params = models.JSONField(default=dict, blank=True)
+    input_bytes = models.BigIntegerField(default=0)
+    failure_reason = models.TextField(blank=True, default="")
+    # Lease and attempts.
+    worker = models.CharField(max_length=200, blank=True, default="")
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    # Progress (batch): rows and chunks done; rate over the current attempt.
+    rows_total = models.BigIntegerField(null=True, blank=True)
+    rows_done = models.BigIntegerField(default=0)
+    chunks_total = models.PositiveIntegerField(null=True, blank=True)
+    chunks_done = models.PositiveIntegerField(default=0)
+    chunks_resumed = models.PositiveIntegerField(default=0)
+    rows_per_second = models.FloatField(null=True, blank=True)
+    # Result.
+    result_name = models.CharField(max_length=100, blank=True, default="")
+    result_bytes = models.BigIntegerField(null=True, blank=True)
+    result_headers = models.JSONField(default=dict, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    expired = models.BooleanField(default=False)
+    # Completion callback (signed with HMAC-SHA256; the secret is never shown again).
+    callback_url = models.URLField(max_length=500, blank=True, default="")
+    callback_secret = models.CharField(max_length=200, blank=True, default="")
+    callback_status = models.CharField(max_length=300, blank=True, default="")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["status", "heartbeat_at"]),
+                   models.Index(fields=["expired", "expires_at"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=["queued", "running", "succeeded", "failed", "cancelled"]),
+                name="job_status_valid"),
+            models.CheckConstraint(condition=Q(kind="async") | Q(dataset__isnull=False),
+                                   name="batch_job_has_dataset"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} job {self.id}"
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class WebhookSubscription(models.Model):
+    """Where lifecycle events are POSTed: for one model, or for every model when `model` is
+    empty. `events` empty means every event. The secret signs each body (HMAC-SHA256)."""
+
+    name = models.CharField(max_length=100, blank=True, default="")
+    url = models.URLField(max_length=500)
+    secret = models.CharField(max_length=200)
+    model = models.ForeignKey(RegisteredModel, null=True, blank=True, on_delete=models.CASCADE,
+                              related_name="webhooks")
+    events = models.JSONField(default=list, blank=True)
+    active = models.BooleanField(default=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"webhook {self.pk} → {self.url}"
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class WebhookDelivery(models.Model):
+    """One event sent to one subscription; `body` is the exact JSON signed and sent, so every
+    retry carries the same bytes and signature."""
+
+    subscription = models.ForeignKey(WebhookSubscription, on_delete=models.CASCADE,
+                                     related_name="deliveries")
+    event = models.CharField(max_length=64)
+    audit_event = models.ForeignKey(AuditEvent, null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="+")
+    body = models.TextField()
+    status = models.CharField(max_length=12, choices=DeliveryStatus.choices,
+                              default=DeliveryStatus.PENDING)
+    max_attempts = models.PositiveSmallIntegerField(default=5)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["subscription", "status"])]
+
+
+class WebhookAttempt(models.Model):
+    """One HTTP try of a delivery: what the receiver answered, or why there was no answer."""
+
+    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.CASCADE,
+                                 related_name="attempt_log")
+    number = models.PositiveSmallIntegerField()
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    duration_ms = models.FloatField()
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["delivery", "number"]
+        constraints = [models.UniqueConstraint(fields=["delivery", "number"],
+                                               name="webhook_attempt_unique")]

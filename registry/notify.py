@@ -1,0 +1,74 @@
+"""Route revisions: bumped inside the mutating transaction, published after commit.
+
+Clustered: Redis pub/sub on CHANNEL. Embedded: in-process listeners. Replicas also poll the
+revision, so a lost message only delays convergence.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+
+from .models import RouteRevision
+
+log = logging.getLogger(__name__)
+CHANNEL = "mmc:routes"
+_listeners: list[Callable[[int], None]] = []
+_lock = threading.Lock()
+_redis = None
+
+
+def bump_revision() -> int:
+    """+1 on the global revision (row-locked until commit) and publish it once committed."""
+    updated = RouteRevision.objects.filter(pk=1).update(value=F("value") + 1)
+    if not updated:
+        RouteRevision.objects.get_or_create(pk=1, defaults={"value": 0})
+        RouteRevision.objects.filter(pk=1).update(value=F("value") + 1)
+    revision = RouteRevision.objects.values_list("value", flat=True).get(pk=1)
+    transaction.on_commit(lambda: publish(revision))
+    return revision
+
+
+def current_revision() -> int:
+    return RouteRevision.objects.filter(pk=1).values_list("value", flat=True).first() or 0
+
+
+def redis_client():
+    global _redis
+    if _redis is None and settings.REDIS_URL:
+        import redis
+
+        _redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2,
+                                      socket_connect_timeout=2)
+    return _redis
+
+
+def publish(revision: int) -> None:
+    for listener in list(_listeners):
+        try:
+            listener(revision)
+        except Exception:  # a broken listener must not break the mutation that committed
+            log.exception("route listener failed")
+    client = redis_client()
+    if client is not None:
+        try:
+            client.publish(CHANNEL, str(revision))
+        except Exception as exc:  # replicas poll too
+            log.warning("could not publish revision %s: %s", revision, exc)
+
+
+def subscribe_in_process(callback: Callable[[int], None]) -> Callable[[], None]:
+    with _lock:
+        _listeners.append(callback)
+
+    def unsubscribe() -> None:
+        with _lock:
+            if callback in _listeners:
+                _listeners.remove(callback)
+
+    return unsubscribe

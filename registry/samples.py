@@ -1,0 +1,91 @@
+"""Small real ONNX models built with onnx.helper: the demo model, test fixtures and benchmarks.
+
+IR version and opset are pinned because onnx writes an IR version newer than onnxruntime
+loads (see FACTS.md); everything here loads on onnxruntime >= 1.17.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+IR_VERSION = 9
+OPSET = 17
+
+
+def _model(graph: onnx.GraphProto, *, producer: str = "mmc-samples") -> bytes:
+    model = helper.make_model(
+        graph,
+        ir_version=IR_VERSION,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name=producer,
+    )
+    onnx.checker.check_model(model, full_check=True)
+    return model.SerializeToString()
+
+
+def mlp(
+    n_in: int = 64, hidden: tuple[int, ...] = (256, 256), n_out: int = 10, *, seed: int = 0,
+    input_name: str = "x", output_name: str = "y", extra_layers: int = 0,
+) -> bytes:
+    """MLP n_in -> hidden... -> n_out with ReLU, dynamic batch. `extra_layers` makes it slower."""
+    rng = np.random.default_rng(seed)
+    sizes = [n_in, *hidden, *([hidden[-1]] * extra_layers if hidden else []), n_out]
+    nodes, inits, prev = [], [], input_name
+    for i, (a, b) in enumerate(zip(sizes, sizes[1:], strict=False)):
+        w = (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
+        bias = (rng.standard_normal(b) * 0.01).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(bias, f"b{i}")]
+        last = i == len(sizes) - 2
+        mm, add = f"mm{i}", output_name if last else f"add{i}"
+        nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [mm]),
+                  helper.make_node("Add", [mm, f"b{i}"], [add])]
+        if not last:
+            nodes.append(helper.make_node("Relu", [add], [f"relu{i}"]))
+            add = f"relu{i}"
+        prev = add
+    graph = helper.make_graph(
+        nodes, "mlp",
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["batch", n_in])],
+        [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, ["batch", n_out])],
+        inits,
+    )
+    return _model(graph)
+
+
+def conv_net(channels: int = 16, size: int = 224, n_out: int = 10, *, seed: int = 0) -> bytes:
+    """A small conv net on 3 x size x size: two strided convs, global pooling, a dense head."""
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((channels, 3, 3, 3)) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((channels * 2, channels, 3, 3)) * 0.1).astype(np.float32)
+    wd = (rng.standard_normal((channels * 2, n_out)) * 0.1).astype(np.float32)
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+             numpy_helper.from_array(wd, "wd")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["gp"]),
+        helper.make_node("Flatten", ["gp"], ["flat"], axis=1),
+        helper.make_node("MatMul", ["flat", "wd"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", n_out])],
+        inits,
+    )
+    return _model(graph)
+
+
+def identity(elem_type: int, shape: list, *, name: str = "x", out: str = "y") -> bytes:
+    """Echo one tensor of any ONNX element type (strings too): exercises every v2 datatype."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", [name], [out])], "identity",
+        [helper.make_tensor_value_info(name, elem_type, shape)],
+        [helper.make_tensor_value_info(out, elem_type, shape)],
+    )
+    return _model(graph)
+

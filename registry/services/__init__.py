@@ -1,0 +1,33 @@
+"""Every mutation of the registry is one function here: atomic, row-locked where two requests
+can race, audited in the same transaction, and announced to serving after commit."""
+
+from .access import api_key_create, api_key_revoke, ensure_roles, token_create, token_revoke
+from .catalog import alias_remove, alias_set, model_archive, model_create, model_update
+from .deployments import endpoint_deploy, endpoint_for_update, endpoint_state
+from .rollouts import (
+    analysis_advance,
+    analysis_pause,
+    analysis_resume,
+    bluegreen_deploy,
+    bluegreen_finish,
+    bluegreen_switch,
+    bluegreen_switch_back,
+    canary_abort,
+    canary_promote,
+    canary_start,
+    canary_weight,
+    rollback,
+    shadow_start,
+    shadow_stop,
+)
+from .versions import version_configure, version_upload
+
+__all__ = [
+    "analysis_advance", "analysis_pause", "analysis_resume", "bluegreen_deploy",
+    "bluegreen_finish", "bluegreen_switch", "bluegreen_switch_back", "canary_abort",
+    "canary_promote", "canary_start", "canary_weight", "endpoint_state", "rollback",
+    "shadow_start", "shadow_stop",
+    "alias_remove", "alias_set", "api_key_create", "api_key_revoke", "endpoint_deploy",
+    "endpoint_for_update", "ensure_roles", "model_archive", "model_create", "model_update",
+    "token_create", "token_revoke", "version_configure", "version_upload",
+]

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.db import transaction
+from django.utils import timezone
+
+from serving.routes import api_key_hash
+
+from ..audit import Actor, record
+from ..errors import InvalidRequest, NotFound
+from ..models import ApiToken, EndpointApiKey
+from ..notify import bump_revision
+from ..roles import ROLES
+from .catalog import lock_model
+from .deployments import endpoint_for_update
+
+
+def ensure_roles() -> None:
+    for role in ROLES:
+        Group.objects.get_or_create(name=role)
+
+
+def token_create(*, username: str, name: str, actor: Actor,
+                 expires_in_days: int | None = 90) -> tuple[ApiToken, str]:
+    """A named API token for `username`; the raw token is returned once and only its digest kept."""
+    if not name or len(name) > 100:
+        raise InvalidRequest("name must be 1-100 characters", field="name")
+    if expires_in_days is not None and not 1 <= expires_in_days <= 3650:
+        raise InvalidRequest("expires_in_days must be from 1 to 3650 (or null: never)",
+                             field="expires_in_days")
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise NotFound(f"no active user {username!r}", field="user")
+    expiry = timedelta(days=expires_in_days) if expires_in_days else None
+    with transaction.atomic():
+        token, raw = ApiToken.objects.create(user=user, expiry=expiry, name=name)
+        record(actor, "token.create", target_type="token", target=token.token_key,
+               after={"user": username, "name": name,
+                      "expiry": token.expiry.isoformat() if token.expiry else None})
+    return token, raw
+
+
+def token_revoke(*, token_key: str, actor: Actor) -> None:
+    with transaction.atomic():
+        token = ApiToken.objects.select_for_update().filter(token_key=token_key).first()
+        if token is None:
+            raise NotFound(f"no token {token_key!r}", field="token")
+        before = {"user": token.user.get_username(), "name": token.name}
+        token.delete()
+        record(actor, "token.revoke", target_type="token", target=token_key, before=before)
+
+
+def api_key_create(*, model_name: str, name: str, actor: Actor) -> tuple[EndpointApiKey, str]:
+    """A predict key for one endpoint: once any active key exists, /infer requires one."""
+    if not name or len(name) > 64:
+        raise InvalidRequest("name must be 1-64 characters", field="name")
+    raw = "mmck_" + secrets.token_urlsafe(32)
+    with transaction.atomic():
+        endpoint = endpoint_for_update(lock_model(model_name))
+        key = EndpointApiKey.objects.create(endpoint=endpoint, name=name, prefix=raw[:12],
+                                            key_hash=api_key_hash(raw), created_by=actor.user)
+        endpoint.revision = bump_revision()
+        endpoint.save(update_fields=["revision", "updated_at"])
+        record(actor, "apikey.create", target_type="apikey", target=f"{model_name}/{key.prefix}",
+               model_name=model_name, after={"name": name, "prefix": key.prefix})
+    return key, raw
+
+
+def api_key_revoke(*, model_name: str, prefix: str, actor: Actor) -> None:
+    with transaction.atomic():
+        endpoint = endpoint_for_update(lock_model(model_name, allow_archived=True))
+        key = endpoint.api_keys.filter(prefix=prefix, revoked_at__isnull=True).first()
+        if key is None:
+            raise NotFound(f"no active key {prefix!r} on {model_name!r}", field="key")
+        key.revoked_at = timezone.now()
+        key.save(update_fields=["revoked_at"])
+        endpoint.revision = bump_revision()
+        endpoint.save(update_fields=["revision", "updated_at"])
+        record(actor, "apikey.revoke", target_type="apikey", target=f"{model_name}/{prefix}",
+               model_name=model_name, before={"name": key.name, "prefix": prefix})

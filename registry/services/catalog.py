@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import re
+
+from django.db import IntegrityError, transaction
+
+from ..audit import Actor, record
+from ..errors import InvalidRequest, LifecycleError, NotFound
+from ..models import SLUG, Alias, ModelVersion, RegisteredModel
+
+
+def lock_model(name: str, *, allow_archived: bool = False) -> RegisteredModel:
+    """The model row, locked for the rest of the transaction."""
+    try:
+        model = RegisteredModel.objects.select_for_update().get(name=name)
+    except RegisteredModel.DoesNotExist:
+        raise NotFound(f"model {name!r} does not exist",
+                       field="model") from None
+    if model.archived and not allow_archived:
+        raise LifecycleError(f"model {name!r} is archived; unarchive it first")
+    return model
+
+
+def _snapshot(model: RegisteredModel) -> dict:
+    return {"name": model.name, "description": model.description, "tags": model.tags,
+            "archived": model.archived,
+            "owner": model.owner.get_username() if model.owner else None}
+
+
+TAG = re.compile(r"^[A-Za-z0-9_.:/=+-]{1,50}$")
+
+
+def _clean_tags(tags) -> list[str]:
+    if not isinstance(tags, list) or not all(isinstance(t, str) and TAG.match(t) for t in tags):
+        raise InvalidRequest("tags must be a list of 1-50 character strings of letters, digits "
+                             "and _ . : / = + -", field="tags")
+    return sorted(set(tags))
+
+
+def model_create(*, name: str, actor: Actor, description: str = "", tags=None) -> RegisteredModel:
+    try:
+        SLUG(name)
+    except Exception as exc:
+        raise InvalidRequest(f"name {name!r}: {' '.join(exc.messages)}", field="name") from None
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                model = RegisteredModel.objects.create(
+                    name=name, description=description, tags=_clean_tags(tags or []),
+                    owner=actor.user,
+                )
+        except IntegrityError:
+            raise LifecycleError(f"a model named {name!r} already exists", field="name") from None
+        record(actor, "model.create", target_type="model", target=name, model_name=name,
+               after=_snapshot(model))
+    return model
+
+
+def model_update(*, name: str, actor: Actor, description: str | None = None,
+                 tags=None) -> RegisteredModel:
+    with transaction.atomic():
+        model = lock_model(name, allow_archived=True)
+        before = _snapshot(model)
+        if description is not None:
+            model.description = description
+        if tags is not None:
+            model.tags = _clean_tags(tags)
+        model.save()
+        record(actor, "model.update", target_type="model", target=name, model_name=name,
+               before=before, after=_snapshot(model))
+    return model
+
+
+def model_archive(*, name: str, actor: Actor, archived: bool = True,
+                  reason: str = "") -> RegisteredModel:
+    """Archiving hides a model and refuses new uploads; it never deletes versions."""
+    with transaction.atomic():
+        model = lock_model(name, allow_archived=True)
+        if model.archived == archived:
+            state = "archived" if archived else "active"
+            raise LifecycleError(f"model {name!r} is already {state}")
+        endpoint = getattr(model, "endpoint", None)
+        if archived and endpoint and (endpoint.stable_id or endpoint.live_color):
+            raise LifecycleError(f"model {name!r} is being served; undeploy it before archiving")
+        before = _snapshot(model)
+        model.archived = archived
+        model.save(update_fields=["archived", "updated_at"])
+        record(actor, "model.archive" if archived else "model.unarchive", target_type="model",
+               target=name, model_name=name, before=before, after=_snapshot(model), reason=reason)
+    return model
+
+
+def alias_set(*, model_name: str, alias: str, version_number: int, actor: Actor) -> Alias:
+    try:
+        SLUG(alias)
+    except Exception as exc:
+        raise InvalidRequest(f"alias {alias!r}: {' '.join(exc.messages)}", field="alias") from None
+    with transaction.atomic():
+        model = lock_model(model_name)
+        try:
+            version = model.versions.get(number=version_number)
+        except ModelVersion.DoesNotExist:
+            raise NotFound(f"model {model_name!r} has no version {version_number}",
+                           field="version") from None
+        existing = Alias.objects.filter(model=model, name=alias).first()
+        before = {"alias": alias, "version": existing.version.number} if existing else None
+        if existing:
+            existing.version = version
+            existing.save()
+            obj = existing
+        else:
+            obj = Alias.objects.create(model=model, name=alias, version=version)
+        record(actor, "alias.set", target_type="alias", target=f"{model_name}@{alias}",
+               model_name=model_name, before=before,
+               after={"alias": alias, "version": version.number})
+    return obj
+
+
+def alias_remove(*, model_name: str, alias: str, actor: Actor) -> None:
+    with transaction.atomic():
+        model = lock_model(model_name, allow_archived=True)
+        obj = Alias.objects.filter(model=model, name=alias).select_related("version").first()
+        if obj is None:
+            raise NotFound(f"model {model_name!r} has no alias {alias!r}", field="alias")
+        before = {"alias": alias, "version": obj.version.number}
+        obj.delete()
+        record(actor, "alias.remove", target_type="alias", target=f"{model_name}@{alias}",
+               model_name=model_name, before=before)

@@ -1,0 +1,192 @@
+"""Endpoint state changes and the one state machine every endpoint change goes through: lock the
+model and endpoint, check the endpoint's state allows the operation, change, audit, bump revision.
+Rollout operations (canary, promote, rollback, blue-green, shadow) live in rollouts.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from ..audit import Actor, record
+from ..errors import LifecycleError, NotFound
+from ..models import Endpoint, ModelVersion, RegisteredModel, VersionStatus
+from ..notify import bump_revision
+from .catalog import lock_model
+
+# Endpoint states, derived from its fields (never stored, so they cannot disagree with them).
+EMPTY = "empty"            # serves nothing
+STABLE = "stable"          # one stable version takes all traffic
+CANARY = "canary"          # a candidate takes candidate_weight %, weights set by hand
+ANALYSING = "analysing"    # a canary whose weights the automated analysis drives
+BLUE_GREEN = "blue-green"  # live_color's slot takes all traffic, the other slot is idle
+UNLOADING = "unloading"    # an unload-first rollback between its two revisions
+STATES = (EMPTY, STABLE, CANARY, ANALYSING, BLUE_GREEN, UNLOADING)
+
+# Which states allow which operation. Shadow is orthogonal to the traffic split.
+ALLOWED: dict[str, frozenset[str]] = {
+    "deploy": frozenset({EMPTY, STABLE}),
+    "undeploy": frozenset({STABLE}),
+    "canary": frozenset({STABLE}),
+    "weight": frozenset({CANARY}),
+    "promote": frozenset({CANARY, ANALYSING}),
+    "abort": frozenset({CANARY, ANALYSING}),
+    "pause": frozenset({ANALYSING}),
+    "resume": frozenset({CANARY}),
+    "rollback": frozenset({STABLE}),
+    "bg-deploy": frozenset({STABLE, BLUE_GREEN}),
+    "switch": frozenset({BLUE_GREEN}),
+    "switch-back": frozenset({BLUE_GREEN}),
+    "bg-finish": frozenset({BLUE_GREEN}),
+    "shadow-start": frozenset({STABLE, CANARY, ANALYSING, BLUE_GREEN}),
+    "shadow-stop": frozenset({STABLE, CANARY, ANALYSING, BLUE_GREEN, EMPTY}),
+    # Driven by the system, not offered to users as such:
+    "advance": frozenset({ANALYSING}),          # the analysis moves to its next step
+    "rollback-load": frozenset({UNLOADING}),    # second half of an unload-first rollback
+    "expire-warm": frozenset(STATES),           # drop versions whose grace period is over
+}
+HINTS = {
+    EMPTY: "deploy a version first",
+    CANARY: "promote or abort the canary first",
+    ANALYSING: "pause the analysis, or promote or abort the canary first",
+    BLUE_GREEN: "switch or finish the blue-green rollout first",
+    UNLOADING: "wait for the unload-first rollback to finish",
+    STABLE: "start a canary or a blue-green rollout first",
+}
+
+
+def endpoint_state(ep: Endpoint) -> str:
+    if ep.live_color:
+        return BLUE_GREEN
+    if ep.candidate_id:
+        analysis = (ep.settings or {}).get("analysis") or {}
+        return ANALYSING if analysis and not analysis.get("paused") else CANARY
+    if ep.stable_id:
+        return STABLE
+    if (ep.settings or {}).get("pending_rollback"):
+        return UNLOADING
+    return EMPTY
+
+
+class TransitionRefused(LifecycleError):
+    """The endpoint's state forbids the operation (409); names the state and the way out."""
+
+    def __init__(self, op: str, state: str, model_name: str):
+        super().__init__(f"cannot {op} endpoint {model_name!r}: it is in state '{state}' "
+                         f"({HINTS.get(state, '')})", details={"state": state, "operation": op})
+        self.state = state
+
+
+def endpoint_for_update(model: RegisteredModel) -> Endpoint:
+    """The model's endpoint row, created on first use, locked for this transaction."""
+    Endpoint.objects.get_or_create(model=model)
+    return Endpoint.objects.select_for_update().get(model=model)
+
+
+def endpoint_snapshot(ep: Endpoint) -> dict:
+    def num(version_id):
+        if version_id is None:
+            return None
+        return ModelVersion.objects.values_list("number", flat=True).get(pk=version_id)
+
+    return {
+        "state": endpoint_state(ep),
+        "stable": num(ep.stable_id), "candidate": num(ep.candidate_id),
+        "candidate_weight": ep.candidate_weight, "blue": num(ep.blue_id),
+        "green": num(ep.green_id), "live_color": ep.live_color or None,
+        "shadow": num(ep.shadow_id), "revision": ep.revision,
+    }
+
+
+def ready_version(model: RegisteredModel, number: int) -> ModelVersion:
+    try:
+        version = model.versions.get(number=number)
+    except ModelVersion.DoesNotExist:
+        raise NotFound(f"model {model.name!r} has no version {number}", field="version") from None
+    if version.status != VersionStatus.READY:
+        raise LifecycleError(f"version {number} of {model.name!r} is {version.status}, not ready"
+                             + (f": {version.failure_reason}" if version.failure_reason else ""))
+    return version
+
+
+def keep_warm(ep: Endpoint, version_id: int | None) -> None:
+    """Keep a version that just lost its traffic loaded for the grace period."""
+    now = timezone.now()
+    if ep.warm_until and ep.warm_until < now:
+        ep.warm_versions = []
+    if version_id and version_id not in ep.warm_versions:
+        ep.warm_versions = [*ep.warm_versions, version_id]
+    ep.warm_until = now + timedelta(seconds=settings.WARM_GRACE_SECONDS)
+
+
+def commit_change(ep: Endpoint, *, actor: Actor, action: str, before: dict,
+                  reason: str = "", details: dict | None = None) -> Endpoint:
+    ep.revision = bump_revision()
+    ep.save()
+    after = endpoint_snapshot(ep)
+    if details:
+        after["details"] = details
+    record(actor, action, target_type="endpoint", target=ep.model.name, model_name=ep.model.name,
+           before=before, after=after, reason=reason)
+    return ep
+
+
+def record_refusal(*, model_name: str, op: str, actor: Actor, error: LifecycleError,
+                   reason: str = "") -> None:
+    """A refused transition is audited too, in its own transaction (the change rolled back)."""
+    with transaction.atomic():
+        record(actor, f"endpoint.{op}.refused", target_type="endpoint", target=model_name,
+               model_name=model_name, after={"error": error.message, "details": error.details},
+               reason=reason)
+
+
+Change = Callable[[Endpoint, RegisteredModel], "dict | None"]
+
+
+def transition(op: str, *, model_name: str, actor: Actor, change: Change, reason: str = "",
+               action: str | None = None, allow_archived: bool = False) -> Endpoint:
+    """Run one state-machine transition: lock, check the state, change, commit_change.
+    `change` mutates the locked endpoint and may return details for the audit event."""
+    try:
+        with transaction.atomic():
+            model = lock_model(model_name, allow_archived=allow_archived)
+            ep = endpoint_for_update(model)
+            state = endpoint_state(ep)
+            if state not in ALLOWED[op]:
+                raise TransitionRefused(op, state, model_name)
+            before = endpoint_snapshot(ep)
+            details = change(ep, model)
+            return commit_change(ep, actor=actor, action=action or f"endpoint.{op}",
+                                 before=before, reason=reason, details=details)
+    except LifecycleError as exc:
+        if _model_exists(model_name):
+            record_refusal(model_name=model_name, op=op, actor=actor, error=exc, reason=reason)
+        raise
+
+
+def _model_exists(name: str) -> bool:
+    return RegisteredModel.objects.filter(name=name).exists()
+
+
+def endpoint_deploy(*, model_name: str, version_number: int | None, actor: Actor,
+                    reason: str = "") -> Endpoint:
+    """Point the endpoint's stable at a ready version (None: stop serving the model)."""
+    if version_number is None:
+        def undeploy(ep: Endpoint, model: RegisteredModel) -> None:
+            ep.stable = ep.shadow = None
+            ep.warm_versions, ep.warm_until = [], None
+
+        return transition("undeploy", model_name=model_name, actor=actor, change=undeploy,
+                          reason=reason, allow_archived=True)
+
+    def deploy(ep: Endpoint, model: RegisteredModel) -> None:
+        version = ready_version(model, version_number)
+        if ep.stable_id == version.pk:
+            raise LifecycleError(f"version {version_number} is already stable on {model_name!r}")
+        keep_warm(ep, ep.stable_id)
+        ep.stable = version
+
+    return transition("deploy", model_name=model_name, actor=actor, change=deploy, reason=reason)

@@ -1,0 +1,411 @@
+"""Rollout operations: canary (weights, promote, abort, automated analysis pause/resume),
+rollback, blue-green (deploy to the idle colour, switch, switch back, finish) and shadow.
+
+Each one is a transition of the state machine in deployments.py: one transaction with the endpoint
+row locked, refused with a 409 naming the state that forbids it, audited (actor, before -> after,
+reason, the figures or differences it used), revision + 1, serving notified after commit."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from serving.signature import signature_differences
+
+from .. import selectors
+from ..audit import Actor
+from ..convergence import wait_for_revision
+from ..errors import InvalidRequest, LifecycleError, RegistryError
+from ..models import Endpoint, ModelVersion, RegisteredModel
+from ..roles import has_role
+from .deployments import keep_warm, ready_version, transition
+
+ROLLBACK_ORDERS = ("load-first", "unload-first")
+UNLOAD_WAIT_SECONDS = 30.0
+
+
+class Forbidden(RegistryError):
+    status = 403
+
+
+def _weight(weight: int) -> int:
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight <= 100:
+        raise InvalidRequest("weight must be a whole percentage from 0 to 100", field="weight")
+    return weight
+
+
+def _number(version_id: int | None) -> int | None:
+    if version_id is None:
+        return None
+    return ModelVersion.objects.values_list("number", flat=True).get(pk=version_id)
+
+
+def _settings(ep: Endpoint) -> dict:
+    ep.settings = dict(ep.settings or {})
+    return ep.settings
+
+
+# ------------------------------------------------------------------------------------ canary
+
+
+def canary_start(*, model_name: str, version_number: int, weight: int = 0, actor: Actor,
+                 reason: str = "", override: bool = False, plan: dict | None = None) -> Endpoint:
+    """Route `weight` % of unpinned traffic to a ready candidate whose signature the stable's
+    callers can use unchanged. An admin may override incompatibility with a reason (audited).
+    With a plan, the automated analysis drives the weights, starting at its first step."""
+    from ..analysis import clean_plan
+
+    _weight(weight)
+    plan = clean_plan(plan) if plan is not None else None
+
+    def change(ep: Endpoint, model: RegisteredModel) -> dict:
+        version = ready_version(model, version_number)
+        if version.pk == ep.stable_id:
+            raise LifecycleError(f"version {version_number} is already stable on {model_name!r}")
+        details: dict = {}
+        differences = signature_differences(ep.stable.signature or {"inputs": [], "outputs": []},
+                                            version.signature or {"inputs": [], "outputs": []})
+        if differences:
+            if not override:
+                raise LifecycleError(
+                    f"version {version_number}'s signature is incompatible with the stable "
+                    f"version {ep.stable.number}'s: " + "; ".join(differences),
+                    details={"differences": differences})
+            if not has_role(actor.user, "admin"):
+                raise Forbidden("overriding a signature incompatibility needs the admin role")
+            if not reason.strip():
+                raise InvalidRequest("an override needs a reason", field="reason")
+            details["override"] = differences
+        ep.candidate, ep.candidate_weight = version, weight
+        if plan is not None:
+            ep.candidate_weight = plan["steps"][0]
+            now = timezone.now().isoformat()
+            _settings(ep)["analysis"] = {"plan": plan, "step": 0, "paused": False,
+                                         "started_at": now, "step_started_at": now}
+            details["plan"] = plan
+        return details
+
+    return transition("canary", model_name=model_name, actor=actor, change=change, reason=reason)
+
+
+def canary_weight(*, model_name: str, weight: int, actor: Actor, reason: str = "") -> Endpoint:
+    _weight(weight)
+
+    def change(ep: Endpoint, model: RegisteredModel) -> None:
+        if ep.candidate_weight == weight:
+            raise LifecycleError(f"the candidate already takes {weight} %")
+        ep.candidate_weight = weight
+
+    return transition("weight", model_name=model_name, actor=actor, change=change, reason=reason)
+
+
+def _end_canary(ep: Endpoint) -> None:
+    ep.candidate, ep.candidate_weight = None, 0
+    _settings(ep).pop("analysis", None)
+
+
+def canary_promote(*, model_name: str, actor: Actor, reason: str = "",
+                   details: dict | None = None) -> Endpoint:
+    """The candidate becomes stable; the old stable stays warm for the grace period, so a
+    rollback to it is instant."""
+
+    def change(ep: Endpoint, model: RegisteredModel) -> dict | None:
+        keep_warm(ep, ep.stable_id)
+        ep.stable_id = ep.candidate_id
+        _end_canary(ep)
+        return details
+
+    return transition("promote", model_name=model_name, actor=actor, change=change, reason=reason)
+
+
+def canary_abort(*, model_name: str, actor: Actor, reason: str = "",
+                 details: dict | None = None) -> Endpoint:
+    """Drop the candidate (all traffic back to stable); it stays warm briefly."""
+
+    def change(ep: Endpoint, model: RegisteredModel) -> dict | None:
+        keep_warm(ep, ep.candidate_id)
+        _end_canary(ep)
+        return details
+
+    return transition("abort", model_name=model_name, actor=actor, change=change, reason=reason)
+
+
+def analysis_pause(*, model_name: str, actor: Actor, reason: str = "") -> Endpoint:
+    def change(ep: Endpoint, model: RegisteredModel) -> None:
+        _settings(ep)["analysis"] = {**ep.settings["analysis"], "paused": True}
+
+    return transition("pause", model_name=model_name, actor=actor, change=change, reason=reason)
+
+
+def analysis_resume(*, model_name: str, actor: Actor, reason: str = "") -> Endpoint:
+    """Resume at the step where it paused: its weight again, and a fresh bake time."""
+
+    def change(ep: Endpoint, model: RegisteredModel) -> None:
+        analysis = (ep.settings or {}).get("analysis")
+        if not analysis:
+            raise LifecycleError(f"the canary on {model_name!r} has no analysis plan to resume; "
+                                 f"start the canary with a plan")
+        ep.candidate_weight = analysis["plan"]["steps"][analysis["step"]]
+        _settings(ep)["analysis"] = {**analysis, "paused": False,
+                                     "step_started_at": timezone.now().isoformat()}
+
+    return transition("resume", model_name=model_name, actor=actor, change=change, reason=reason)
+
+
+def analysis_advance(*, model_name: str, from_step: int, actor: Actor, reason: str = "",
+                     details: dict | None = None) -> Endpoint:
+    """The analysis found the current step healthy: next step's weight, fresh bake time.
+    `from_step` guards against two ticks advancing the same step twice."""
+
+    def change(ep: Endpoint, model: RegisteredModel) -> dict | None:
+        analysis = ep.settings["analysis"]
+        if analysis["step"] != from_step:
+            raise LifecycleError(f"the analysis of {model_name!r} is at step "
+                                 f"{analysis['step']}, not {from_step}")
+        step = from_step + 1
+        ep.candidate_weight = analysis["plan"]["steps"][step]
+        _settings(ep)["analysis"] = {**analysis, "step": step,
+                                     "step_started_at": timezone.now().isoformat()}
+        return details
+
+    return transition("advance", model_name=model_name, actor=actor, change=change,
+                      reason=reason, action="endpoint.analysis.advance")
+
+
+# ---------------------------------------------------------------------------------- rollback
+
+
+def rollback(*, model_name: str, version_number: int, actor: Actor, reason: str = "",
+             order: str = "load-first") -> Endpoint:
+    """Point stable at an earlier ready version.
+
+    load-first (default): one revision; replicas load and warm the target before they switch and
+    unload the old stable only after, so nothing fails (it stays warm for the grace period).
+    unload-first (memory-short machines): two revisions; the old stable is unloaded everywhere
+    first, and until the target is loaded unpinned requests get 503 - a visible gap."""
+    if order not in ROLLBACK_ORDERS:
+        raise InvalidRequest(f"order must be one of {', '.join(ROLLBACK_ORDERS)}", field="order")
+
+    def target(ep: Endpoint, model: RegisteredModel) -> ModelVersion:
+        version = ready_version(model, version_number)
+        current = ep.stable.number
+        if version.number >= current:
+            raise LifecycleError(f"rollback goes to an earlier version: {version_number} is not "
+                                 f"earlier than the stable {current} (use deploy)")
+        return version
+
+    if order == "load-first":
+        def change(ep: Endpoint, model: RegisteredModel) -> dict:
+            version = target(ep, model)
+            keep_warm(ep, ep.stable_id)
+            ep.stable = version
+            return {"order": order}
+
+        return transition("rollback", model_name=model_name, actor=actor, change=change,
+                          reason=reason)
+
+    def unload(ep: Endpoint, model: RegisteredModel) -> dict:
+        version = target(ep, model)
+        _settings(ep)["pending_rollback"] = {"version": version.number,
+                                             "since": timezone.now().isoformat()}
+        ep.stable = None
+        ep.warm_versions, ep.warm_until = [], None
+        return {"order": order, "phase": "unload"}
+
+    ep = transition("rollback", model_name=model_name, actor=actor, change=unload, reason=reason)
+    wait_for_revision(ep.revision, UNLOAD_WAIT_SECONDS)
+    return rollback_complete(model_name=model_name, actor=actor, reason=reason)
+
+
+def rollback_complete(*, model_name: str, actor: Actor, reason: str = "") -> Endpoint:
+    """Second half of an unload-first rollback (also run by the periodic job after a crash)."""
+
+    def load(ep: Endpoint, model: RegisteredModel) -> dict:
+        pending = _settings(ep).pop("pending_rollback")
+        ep.stable = ready_version(model, pending["version"])
+        return {"order": "unload-first", "phase": "load"}
+
+    return transition("rollback-load", model_name=model_name, actor=actor, change=load,
+                      reason=reason, action="endpoint.rollback")
+
+
+# -------------------------------------------------------------------------------- blue-green
+
+
+def _slots(ep: Endpoint) -> tuple[str, str]:
+    live = ep.live_color
+    return live, "green" if live == "blue" else "blue"
+
+
+def bluegreen_deploy(*, model_name: str, version_number: int, actor: Actor,
+                     reason: str = "") -> Endpoint:
+    """Put a ready version in the idle colour: replicas load and warm it, no traffic moves.
+    From a plain stable, the stable becomes the live blue slot and the version goes to green."""
+
+    def change(ep: Endpoint, model: RegisteredModel) -> dict:
+        version = ready_version(model, version_number)
+        if not ep.live_color:
+            ep.blue, ep.live_color = ep.stable, "blue"
+        live, idle = _slots(ep)
+        if getattr(ep, f"{live}_id") == version.pk:
+            raise LifecycleError(f"version {version_number} is already live ({live})")
+        setattr(ep, idle, version)
+        _settings(ep)["blue_green"] = {"deployed_at": timezone.now().isoformat(),
+                                       "switched_at": None}
+        return {"color": idle}
+
+    return transition("bg-deploy", model_name=model_name, actor=actor, change=change,
+                      reason=reason)
+
+
+def idle_laggards(model_name: str, version_number: int) -> list[dict]:
+    """Live replicas on which the version is not loaded and warmed (heartbeat state READY)."""
+    key = f"{model_name}:{version_number}"
+    out = []
+    for r in selectors.replicas():
+        state = (r.versions or {}).get(key, {}).get("state")
+        if state != "READY":
+            out.append({"replica": r.replica, "state": state or "not loaded"})
+    return out
+
+
+def _switch(op: str, *, model_name: str, actor: Actor, reason: str) -> Endpoint:
+    def change(ep: Endpoint, model: RegisteredModel) -> dict:
+        live, idle = _slots(ep)
+        bg = dict((ep.settings or {}).get("blue_green") or {})
+        if op == "switch" and bg.get("switched_at"):
+            raise LifecycleError(f"the idle colour ({idle}) holds the version just switched "
+                                 f"away from; use switch-back, or deploy a new version to it")
+        if op == "switch-back" and not bg.get("switched_at"):
+            raise LifecycleError(f"there is no switch to go back from on {model_name!r}")
+        target = getattr(ep, idle)
+        if target is None:
+            raise LifecycleError(f"the idle colour ({idle}) has no version; deploy to it first")
+        behind = idle_laggards(model_name, target.number)
+        if behind:
+            raise LifecycleError(
+                f"version {target.number} ({idle}) is not loaded and warmed on every live "
+                f"replica: " + ", ".join(f"{b['replica']} ({b['state']})" for b in behind),
+                details={"laggards": behind})
+        ep.live_color, ep.stable = idle, target
+        now = timezone.now().isoformat()
+        bg.update({"switched_at": now, "from": live} if op == "switch"
+                  else {"switched_at": None, "switched_back_at": now})
+        _settings(ep)["blue_green"] = bg
+        return {"from": live, "to": idle}
+
+    return transition(op, model_name=model_name, actor=actor, change=change, reason=reason)
+
+
+def bluegreen_switch(*, model_name: str, actor: Actor, reason: str = "") -> Endpoint:
+    """All unpinned traffic to the idle colour at once (one revision). The old colour stays
+    loaded, so switch-back is instant, until finish (by hand or after the grace period)."""
+    return _switch("switch", model_name=model_name, actor=actor, reason=reason)
+
+
+def bluegreen_switch_back(*, model_name: str, actor: Actor, reason: str = "") -> Endpoint:
+    return _switch("switch-back", model_name=model_name, actor=actor, reason=reason)
+
+
+def bluegreen_finish(*, model_name: str, actor: Actor, reason: str = "",
+                     keep_idle_warm: bool = True) -> Endpoint:
+    """Leave blue-green: the live version is the plain stable; the idle colour is dropped (kept
+    warm for the grace period when finished by hand)."""
+
+    def change(ep: Endpoint, model: RegisteredModel) -> dict:
+        live, idle = _slots(ep)
+        idle_id = getattr(ep, f"{idle}_id")
+        if keep_idle_warm:
+            keep_warm(ep, idle_id)
+        ep.stable = getattr(ep, live)
+        ep.blue = ep.green = None
+        ep.live_color = ""
+        _settings(ep).pop("blue_green", None)
+        return {"dropped": _number(idle_id), "kept_warm": keep_idle_warm}
+
+    return transition("bg-finish", model_name=model_name, actor=actor, change=change,
+                      reason=reason)
+
+
+# ------------------------------------------------------------------------------------ shadow
+
+
+def shadow_start(*, model_name: str, version_number: int, actor: Actor,
+                 reason: str = "") -> Endpoint:
+    """Mirror live traffic to a ready version; its answers are compared, never returned."""
+
+    def change(ep: Endpoint, model: RegisteredModel) -> None:
+        version = ready_version(model, version_number)
+        live = getattr(ep, ep.live_color) if ep.live_color else ep.stable
+        if live is not None and live.pk == version.pk:
+            raise LifecycleError(f"version {version_number} is the live version; shadow another")
+        if ep.shadow_id == version.pk:
+            raise LifecycleError(f"version {version_number} is already the shadow")
+        ep.shadow = version
+
+    return transition("shadow-start", model_name=model_name, actor=actor, change=change,
+                      reason=reason)
+
+
+def shadow_stop(*, model_name: str, actor: Actor, reason: str = "") -> Endpoint:
+    def change(ep: Endpoint, model: RegisteredModel) -> None:
+        if ep.shadow_id is None:
+            raise LifecycleError(f"endpoint {model_name!r} has no shadow")
+        ep.shadow = None
+
+    return transition("shadow-stop", model_name=model_name, actor=actor, change=change,
+                      reason=reason)
+
+
+# ---------------------------------------------------------------------------- housekeeping
+
+
+def housekeeping(*, actor: Actor | None = None) -> list[str]:
+    """What the periodic job does besides the analysis: finish blue-green rollouts whose old
+    colour's grace period is over, complete unload-first rollbacks a crash interrupted, and drop
+    expired warm versions (replicas unload only on a new revision, so expiry must bump one)."""
+    actor = actor or Actor.system("rollout-scheduler")
+    now = timezone.now()
+    grace = timedelta(seconds=settings.WARM_GRACE_SECONDS)
+    done = []
+    for ep in Endpoint.objects.select_related("model"):
+        name, extra = ep.model.name, ep.settings or {}
+        try:
+            switched = (extra.get("blue_green") or {}).get("switched_at")
+            pending = extra.get("pending_rollback")
+            if ep.live_color and switched and _parse(switched) + grace <= now:
+                bluegreen_finish(model_name=name, actor=actor, keep_idle_warm=False,
+                                 reason="the old colour's grace period is over")
+                done.append(f"{name}: blue-green finished")
+            elif pending and _parse(pending["since"]) + timedelta(
+                    seconds=2 * UNLOAD_WAIT_SECONDS) <= now:
+                rollback_complete(model_name=name, actor=actor,
+                                  reason="completing an interrupted unload-first rollback")
+                done.append(f"{name}: rollback completed")
+            if ep.warm_versions and ep.warm_until and ep.warm_until <= now:
+                _expire_warm(name, actor)
+                done.append(f"{name}: warm versions dropped")
+        except LifecycleError:  # someone changed the endpoint meanwhile: next tick looks again
+            continue
+    return done
+
+
+def _expire_warm(model_name: str, actor: Actor) -> Endpoint:
+    def change(ep: Endpoint, model: RegisteredModel) -> dict:
+        if not ep.warm_versions or not ep.warm_until or ep.warm_until > timezone.now():
+            raise LifecycleError("nothing to expire")
+        dropped = [_number(pk) for pk in ep.warm_versions]
+        ep.warm_versions, ep.warm_until = [], None
+        return {"dropped": dropped}
+
+    return transition("expire-warm", model_name=model_name, actor=actor, change=change,
+                      reason="grace period over", allow_archived=True)
+
+
+def _parse(stamp: str):
+    from datetime import datetime
+
+    return datetime.fromisoformat(stamp)
+

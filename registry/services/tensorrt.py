@@ -1,0 +1,48 @@
+"""Ask for a TensorRT engine build of a ready version (engineer); the build runs as a job."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from ..audit import Actor, record
+from ..errors import InvalidRequest, LifecycleError
+from ..models import ModelVersion
+from ..tensorrt import BUILDING, PRECISIONS, QUEUED, build_tensorrt_task, save_status
+from ..worker import enqueue
+from .catalog import lock_model
+from .deployments import ready_version
+
+
+def tensorrt_build(*, model_name: str, number: int, precision: str,
+                   actor: Actor) -> ModelVersion:
+    """Queue an engine build for (version, precision). A build already queued or running is
+    not queued twice, unless it has been silent longer than a worker's task lease."""
+    if precision not in PRECISIONS:
+        raise InvalidRequest(f"precision must be one of {', '.join(PRECISIONS)}",
+                             field="precision")
+    with transaction.atomic():
+        model = lock_model(model_name, allow_archived=True)
+        version = ModelVersion.objects.select_for_update().get(
+            pk=ready_version(model, number).pk)
+        current = ((version.validation_report or {}).get("tensorrt") or {}).get(precision) or {}
+        since = parse_datetime(current.get("requested_at") or "")
+        lease = timedelta(seconds=getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}).get(
+            "visibility_timeout", 600))
+        if current.get("status") in (QUEUED, BUILDING) and since and (
+                timezone.now() - since < lease):
+            raise LifecycleError(f"a {precision} TensorRT build of {model_name}:{number} is "
+                                 f"already {current['status']}")
+        entry = {"status": QUEUED, "precision": precision,
+                 "requested_at": timezone.now().isoformat(), "requested_by": actor.name}
+        save_status(version.pk, precision, entry)
+        record(actor, "version.tensorrt.requested", target_type="version",
+               target=f"{model_name}:{number}", model_name=model_name, before=current or None,
+               after=entry)
+        enqueue(build_tensorrt_task, version_id=version.pk, precision=precision)
+    version.refresh_from_db()
+    return version

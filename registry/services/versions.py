@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+from django.db import transaction
+from django.db.models import Max
+
+from ..artifacts import StoredBlob
+from ..audit import Actor, record
+from ..errors import InvalidRequest, NotFound
+from ..models import ModelVersion, VersionStatus
+from ..notify import bump_revision
+from ..worker import enqueue
+from .catalog import lock_model
+
+CONFIG_FIELDS = {
+    "max_batch_size": (int, 0, 1 << 16),
+    "max_queue_delay_us": (int, 0, 10_000_000),
+    "max_queue_size": (int, 1, 1 << 20),
+    "instance_count": (int, 1, 16),
+    "intra_op_threads": (int, 0, 256),
+}
+
+
+def version_upload(*, model_name: str, blob: StoredBlob, actor: Actor, filename: str = "",
+                   metadata: dict | None = None) -> tuple[ModelVersion, bool]:
+    """Register a stored blob as the model's next version and queue its validation.
+
+    Returns (version, created). The same bytes uploaded again return the existing version, so a
+    CI retry never creates a duplicate.
+    """
+    if metadata is not None and not isinstance(metadata, dict):
+        raise InvalidRequest("metadata must be a JSON object", field="metadata")
+    with transaction.atomic():
+        model = lock_model(model_name)  # serialises numbering per model
+        existing = model.versions.filter(sha256=blob.sha256).first()
+        if existing is not None:
+            return existing, False
+        number = (model.versions.aggregate(n=Max("number"))["n"] or 0) + 1
+        version = ModelVersion.objects.create(
+            model=model, number=number, sha256=blob.sha256, size_bytes=blob.size,
+            original_filename=(filename or "")[:255], metadata=metadata or {},
+            status=VersionStatus.VALIDATING, created_by=actor.user,
+        )
+        record(actor, "version.upload", target_type="version", target=str(version),
+               model_name=model_name,
+               after={"number": number, "sha256": blob.sha256, "size_bytes": blob.size,
+                      "filename": version.original_filename})
+        from ..tasks import validate_version_task
+
+        enqueue(validate_version_task, version_id=version.pk)
+    return version, True
+
+
+def version_configure(*, model_name: str, number: int, actor: Actor, **changes) -> ModelVersion:
+    """Change serving settings of a version (batching, instances, threads); replicas reload it."""
+    unknown = set(changes) - set(CONFIG_FIELDS) - {"preferred_batch_sizes",
+                                                   "graph_optimization_level"}
+    if unknown:
+        raise InvalidRequest(f"unknown setting(s): {', '.join(sorted(unknown))}",
+                             field=sorted(unknown)[0])
+    with transaction.atomic():
+        model = lock_model(model_name, allow_archived=True)
+        try:
+            version = model.versions.select_for_update().get(number=number)
+        except ModelVersion.DoesNotExist:
+            raise NotFound(f"model {model_name!r} has no version {number}",
+                           field="version") from None
+        before = {k: getattr(version, k) for k in changes}
+        for key, value in changes.items():
+            if key in CONFIG_FIELDS:
+                _, lo, hi = CONFIG_FIELDS[key]
+                if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                    raise InvalidRequest(f"{key} must be an integer from {lo} to {hi}", field=key)
+            elif key == "preferred_batch_sizes":
+                if not isinstance(value, list) or not all(
+                        isinstance(v, int) and v > 0 for v in value):
+                    raise InvalidRequest("preferred_batch_sizes must be a list of positive "
+                                         "integers", field=key)
+                value = sorted(set(value))
+            elif value not in ("disable", "basic", "extended", "all"):
+                raise InvalidRequest("graph_optimization_level must be disable, basic, extended "
+                                     "or all", field=key)
+            setattr(version, key, value)
+        if version.max_batch_size and version.signature and not _has_batch_dim(version.signature):
+            raise InvalidRequest("max_batch_size > 0 needs a dynamic first dimension on every "
+                                 "input", field="max_batch_size")
+        version.save()
+        record(actor, "version.configure", target_type="version", target=str(version),
+               model_name=model_name, before=before,
+               after={k: getattr(version, k) for k in changes})
+        bump_revision()
+    return version
+
+
+def _has_batch_dim(signature: dict) -> bool:
+    inputs = signature.get("inputs") or []
+    return bool(inputs) and all(i.get("shape") and i["shape"][0] == -1 for i in inputs)

@@ -1,0 +1,201 @@
+"""The registry as a serving replica's DesiredStateSource: reads desired routing in one consistent
+snapshot, stores heartbeats, and delivers revision notifications (Redis pub/sub when clustered,
+in-process when embedded). Runs on the reconciler's thread, never on the request path."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+from django.utils import timezone
+
+from serving.routes import BatchingConfig, DesiredState, ModelRoute, ObservedState, VersionSpec
+
+from .artifacts import default_store
+from .audit import Actor
+from .metrics import record_samples
+from .models import Endpoint, EndpointApiKey, ModelVersion, ReplicaHeartbeat, VersionStatus
+from .notify import CHANNEL, current_revision, subscribe_in_process
+
+log = logging.getLogger(__name__)
+
+
+def _spec(version: ModelVersion, root) -> VersionSpec:
+    return VersionSpec(
+        model=version.model.name, version=str(version.number),
+        artifact_path=str(root.path_for(version.sha256)), sha256=version.sha256,
+        signature=version.signature,
+        batching=BatchingConfig(
+            max_batch_size=version.max_batch_size,
+            preferred_batch_sizes=tuple(version.preferred_batch_sizes or ()),
+            max_queue_delay_us=version.max_queue_delay_us,
+            max_queue_size=version.max_queue_size, instance_count=version.instance_count),
+        intra_op_threads=version.intra_op_threads,
+        graph_optimization_level=version.graph_optimization_level,
+    )
+
+
+def build_desired_state() -> DesiredState:
+    """All endpoints that serve something, and the specs of every version they reference."""
+    store = default_store()
+    now = timezone.now()
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        revision = current_revision()
+        endpoints = list(Endpoint.objects.select_related("model"))
+        keys: dict[int, set[str]] = {}
+        for endpoint_id, key_hash in EndpointApiKey.objects.filter(
+                revoked_at__isnull=True).values_list("endpoint_id", "key_hash"):
+            keys.setdefault(endpoint_id, set()).add(key_hash)
+        wanted: set[int] = set()
+        for ep in endpoints:
+            warm = ep.warm_versions if ep.warm_until and ep.warm_until > now else []
+            wanted.update(v for v in (ep.stable_id, ep.candidate_id, ep.blue_id, ep.green_id,
+                                      ep.shadow_id, *warm) if v)
+        versions = {v.pk: v for v in ModelVersion.objects.select_related("model").filter(
+            pk__in=wanted, status=VersionStatus.READY)}
+    routes, specs = {}, {}
+    for ep in endpoints:
+        def num(pk):
+            return str(versions[pk].number) if pk in versions else None
+
+        warm = ep.warm_versions if ep.warm_until and ep.warm_until > now else []
+        route = ModelRoute(
+            model=ep.model.name, stable=num(ep.stable_id), candidate=num(ep.candidate_id),
+            candidate_weight=ep.candidate_weight if ep.candidate_id else 0,
+            blue=num(ep.blue_id), green=num(ep.green_id), live_color=ep.live_color or None,
+            shadow=num(ep.shadow_id), warm=tuple(n for n in map(num, warm) if n),
+            api_key_hashes=frozenset(keys.get(ep.pk, ())),
+        )
+        if not route.versions():
+            continue
+        routes[route.model] = route
+        for pk in (ep.stable_id, ep.candidate_id, ep.blue_id, ep.green_id, ep.shadow_id, *warm):
+            if pk in versions:
+                spec = _spec(versions[pk], store)
+                specs[spec.key] = spec
+    return DesiredState(revision=revision, routes=routes, versions=specs)
+
+
+class RegistrySource:
+    """DesiredStateSource backed by the registry database (see serving/routes.py)."""
+
+    def __init__(self, *, address: str = ""):
+        self.address = address or socket.gethostname()
+        self.started_at = timezone.now()
+        self._stop = threading.Event()
+
+    def revision(self) -> int:
+        close_old_connections()
+        try:
+            return current_revision()
+        except Exception:
+            connection.close()  # a broken connection must not stick after the database returns
+            raise
+
+    def fetch(self) -> DesiredState:
+        close_old_connections()
+        try:
+            return build_desired_state()
+        except Exception:
+            connection.close()
+            raise
+
+    def report(self, observed: ObservedState) -> None:
+        close_old_connections()
+        try:
+            ReplicaHeartbeat.objects.update_or_create(
+                replica=observed.replica,
+                defaults={"revision": observed.revision, "versions": observed.versions,
+                          "degraded": (observed.degraded or "")[:200], "address": self.address,
+                          "started_at": self.started_at, "last_seen": timezone.now()},
+            )
+            record_samples(observed.replica, observed.versions)
+        except Exception:
+            connection.close()
+            raise
+
+    def subscribe(self, callback: Callable[[int], None]) -> None:
+        if not settings.REDIS_URL:
+            subscribe_in_process(callback)
+            return
+        threading.Thread(target=self._listen, args=(callback,), name="mmc-routes-sub",
+                         daemon=True).start()
+
+    def _listen(self, callback: Callable[[int], None]) -> None:
+        import redis
+
+        delay = 0.2
+        while not self._stop.is_set():
+            try:
+                client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2,
+                                              health_check_interval=5)
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(CHANNEL)
+                delay = 0.2
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=1.0)
+                    if message and message.get("type") == "message":
+                        callback(int(message["data"]))
+            except Exception as exc:  # Redis down: polling still converges; retry quietly
+                log.debug("route subscription lost: %s", exc)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    # Model-repository extension: load/unload act through the registry, audited and authorised.
+    def request_load(self, model: str, authorization: str | None = None) -> None:
+        from .services import endpoint_deploy
+
+        actor = self._authorise(authorization)
+        latest = (ModelVersion.objects.filter(model__name=model, status=VersionStatus.READY)
+                  .order_by("-number").values_list("number", flat=True).first())
+        if latest is None:
+            from .errors import NotFound
+
+            raise NotFound(f"model {model!r} has no ready version to load")
+        endpoint_deploy(model_name=model, version_number=latest, actor=actor,
+                        reason="repository load request")
+
+    def request_unload(self, model: str, authorization: str | None = None) -> None:
+        from .services import endpoint_deploy
+
+        endpoint_deploy(model_name=model, version_number=None,
+                        actor=self._authorise(authorization), reason="repository unload request")
+
+    def _authorise(self, authorization: str | None) -> Actor:
+        """A registry API token with the engineer role, as for the REST API."""
+        from knox.auth import TokenAuthentication
+        from rest_framework.exceptions import AuthenticationFailed
+
+        from .errors import RegistryError
+        from .roles import has_role
+
+        close_old_connections()
+        parts = (authorization or "").split()
+        if len(parts) != 2 or parts[0].lower() != "bearer":
+            err = RegistryError("repository load/unload needs 'Authorization: Bearer <API token>'")
+            err.status = 401
+            raise err
+        try:
+            user, _ = TokenAuthentication().authenticate_credentials(parts[1].encode())
+        except AuthenticationFailed:
+            err = RegistryError("invalid or expired API token")
+            err.status = 401
+            raise err from None
+        if not has_role(user, "engineer"):
+            err = RegistryError("repository load/unload needs the engineer role")
+            err.status = 403
+            raise err
+        return Actor(user=user, name=user.get_username(), request_id="",
+                     client_address=f"serving:{os.getpid()}")

@@ -1,0 +1,129 @@
+"""Validation of an uploaded version: checker, signature, runtime compatibility, a real
+onnxruntime session and a warm-up inference. Ends in `ready` or `failed` with a reason a person
+can act on; never leaves a version in `validating` (a recovery job re-queues interrupted ones)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from .artifacts import default_store
+from .audit import Actor, record
+from .models import ModelVersion, VersionStatus
+
+log = logging.getLogger(__name__)
+MAX_ATTEMPTS = 3
+DEFAULT_MAX_BATCH = 32
+
+
+class ValidationFailed(Exception):
+    pass
+
+
+def _inspect(path, size: int) -> tuple[dict, dict]:
+    """Return (signature, report) or raise ValidationFailed with an actionable reason."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    from serving.runtime import OnnxRuntime, select_providers
+    from serving.signature import extract_signature, runtime_compatibility_problem
+
+    if size == 0:
+        raise ValidationFailed("the file is empty (0 bytes); upload the .onnx file itself")
+    report: dict = {}
+    t0 = time.perf_counter()
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise ValidationFailed(f"not an ONNX model: the file does not parse as an ONNX protobuf "
+                               f"({exc.__class__.__name__}: {exc}); was it truncated?") from None
+    if not model.graph.node and not model.graph.input and not model.graph.output:
+        raise ValidationFailed("not an ONNX model: no graph was found in the file")
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as exc:  # checker raises several unrelated types
+        raise ValidationFailed(f"ONNX checker rejected the model: {exc}") from None
+    report["checker"] = "passed (full_check)"
+    problem = runtime_compatibility_problem(model)
+    if problem:
+        raise ValidationFailed(problem)
+    try:
+        signature = extract_signature(model)
+    except ValueError as exc:
+        raise ValidationFailed(f"unsupported signature: {exc}") from None
+    report["parse_ms"] = round((time.perf_counter() - t0) * 1000, 2)
+    runtime = OnnxRuntime(str(path), providers=select_providers(settings.ORT_PROVIDERS or None))
+    try:
+        runtime.load()
+        report["providers"] = list(runtime.providers)
+        report["load_ms"] = round(runtime.load_seconds * 1000, 2)
+        report["warmup_ms"] = round(runtime.warmup(signature) * 1000, 3)
+    except Exception as exc:
+        raise ValidationFailed(f"onnxruntime could not run the model: {exc}") from None
+    finally:
+        runtime.unload()
+    return signature, report
+
+
+def validate_version(version_id: int) -> str:
+    """Validate one version; idempotent (a finished version is left alone)."""
+    with transaction.atomic():
+        version = ModelVersion.objects.select_for_update().select_related("model").get(
+            pk=version_id)
+        if version.status in (VersionStatus.READY, VersionStatus.FAILED):
+            return version.status
+        version.status = VersionStatus.VALIDATING
+        version.validation_attempts += 1
+        version.validation_started_at = timezone.now()
+        version.save(update_fields=["status", "validation_attempts", "validation_started_at"])
+        attempts = version.validation_attempts
+    signature, report, reason = {}, {}, ""
+    if attempts > MAX_ATTEMPTS:
+        reason = (f"validation was interrupted {MAX_ATTEMPTS} times (worker killed or timed "
+                  f"out); the model may be too large for the worker's memory")
+    else:
+        store = default_store()
+        try:
+            path = store.path_for(version.sha256)
+            if not path.exists() or not store.verify(version.sha256):
+                raise ValidationFailed("stored artifact is missing or does not match its sha256")
+            signature, report = _inspect(path, version.size_bytes)
+        except ValidationFailed as exc:
+            reason = str(exc)
+        except Exception as exc:  # never leave the version in validating
+            log.exception("validation of %s crashed", version)
+            reason = f"validation crashed: {exc.__class__.__name__}: {exc}"
+    with transaction.atomic():
+        version = ModelVersion.objects.select_for_update().get(pk=version_id)
+        if version.status != VersionStatus.VALIDATING:
+            return version.status
+        version.validation_report = report
+        if reason:
+            version.status, version.failure_reason = VersionStatus.FAILED, reason[:4000]
+        else:
+            version.status, version.failure_reason = VersionStatus.READY, ""
+            version.signature = signature
+            batchable = all(i["shape"] and i["shape"][0] == -1 for i in signature["inputs"])
+            if batchable and version.max_batch_size == 0:
+                version.max_batch_size = DEFAULT_MAX_BATCH
+        version.save()
+        record(Actor.system("validator"),
+               "version.ready" if not reason else "version.failed",
+               target_type="version", target=f"{version.model.name}:{version.number}",
+               model_name=version.model.name,
+               after={"status": version.status, "reason": version.failure_reason,
+                      "providers": report.get("providers")})
+    return version.status
+
+
+def stale_validations(older_than: timedelta | None = None):
+    """Versions whose validation never finished: never started, or started too long ago."""
+    cutoff = timezone.now() - (older_than if older_than is not None
+                               else timedelta(seconds=settings.VALIDATION_STALE_SECONDS))
+    return ModelVersion.objects.filter(status__in=[VersionStatus.UPLOADED, VersionStatus.VALIDATING]
+                                       ).exclude(validation_started_at__gt=cutoff)

@@ -1,0 +1,407 @@
+"""The serving ASGI application: /v2 (KServe Open Inference Protocol + Triton extensions),
+SageMaker /ping and /invocations, Prometheus /metrics.
+
+A raw ASGI callable rather than a framework: the path is split once and dispatched with a few
+string comparisons, headers are scanned once, and the JSON infer answer reuses prebuilt header
+tuples. Measured against Starlette on the same uvicorn stack, see the report in the commit.
+Everything protocol-level lives in DataPlane; this module only adapts HTTP to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import orjson
+
+from serving.codec import decode_infer_request, sagemaker_header_length
+from serving.dataplane import DataPlane
+from serving.errors import InvalidInput, ModelNotFound, ServingError
+from serving.reconciler import Reconciler
+from serving.routes import DesiredStateSource
+from serving.stats import ServingCollector, render_metrics
+
+log = logging.getLogger(__name__)
+
+Scope = dict
+Receive = Callable[[], Awaitable[dict]]
+Send = Callable[[dict], Awaitable[None]]
+
+_JSON = b"application/json"
+_CT_JSON = (b"content-type", _JSON)
+_EMPTY_JSON_HEADERS = [_CT_JSON, (b"content-length", b"2")]
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """The serving process's configuration, read from the environment in one place."""
+
+    max_body_bytes: int = 64 * 1024 * 1024
+    poll_seconds: float = 1.0
+    heartbeat_seconds: float = 2.0
+    intra_op_threads: int = 0
+    providers: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_env(cls, env: dict | None = None) -> ServingSettings:
+        e = os.environ if env is None else env
+        return cls(
+            max_body_bytes=int(e.get("MMC_MAX_BODY_BYTES", cls.max_body_bytes)),
+            poll_seconds=float(e.get("MMC_POLL_SECONDS", cls.poll_seconds)),
+            heartbeat_seconds=float(e.get("MMC_HEARTBEAT_SECONDS", cls.heartbeat_seconds)),
+            intra_op_threads=int(e.get("MMC_ORT_INTRA_OP_THREADS", 0)),
+            providers=[p for p in e.get("MMC_PROVIDERS", "").split(",") if p.strip()],
+        )
+
+
+class PayloadTooLarge(ServingError):
+    status = 413
+
+
+class MethodNotAllowed(ServingError):
+    status = 405
+
+
+class _Metrics:
+    """What /metrics renders: per-version Triton counters plus the replica's own gauges."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dataplane = dataplane
+        self.collector = ServingCollector(dataplane.replica, dataplane.all_stats)
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        dp = self.dataplane
+        yield from self.collector.collect()
+        degraded = GaugeMetricFamily(
+            "mmc_serving_degraded", "1 while the route source cannot be followed (the replica "
+            "serves its last route table)", labels=["replica", "reason"])
+        degraded.add_metric([dp.replica, dp.degraded or ""], 1 if dp.degraded else 0)
+        yield degraded
+        revision = GaugeMetricFamily("mmc_route_revision", "Route revision being served",
+                                     labels=["replica"])
+        revision.add_metric([dp.replica], dp.table.revision)
+        yield revision
+        shadow = GaugeMetricFamily("mmc_shadow_argmax_agreement", "Share of shadow rows whose "
+                                   "argmax equals the live answer's", labels=["model", "version"])
+        for model, s in list(dp.shadow.items()):
+            if s.compared_rows:
+                shadow.add_metric([model, s.version], s.argmax_agree / s.compared_rows)
+        yield shadow
+
+
+class ServingApp:
+    """ASGI application over one DataPlane and the Reconciler that feeds it."""
+
+    def __init__(self, dataplane: DataPlane, reconciler: Reconciler | None,
+                 settings: ServingSettings) -> None:
+        self.dataplane = dataplane
+        self.reconciler = reconciler
+        self.settings = settings
+        self._limit = settings.max_body_bytes
+        self._metrics = _Metrics(dataplane)
+        self._started = False
+        self._start_lock: asyncio.Lock | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def startup(self) -> None:
+        """Start following the source (the first reconcile runs in the background, so
+        /v2/health/live answers while models load and /v2/health/ready says when they are)."""
+        if self._started:
+            return
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if not self._started and self.reconciler is not None:
+                await self.reconciler.start()
+            self._started = True
+
+    async def shutdown(self) -> None:
+        if self._started and self.reconciler is not None:
+            await self.reconciler.stop()
+        self._started = False
+
+    # -- ASGI --------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            if not self._started:  # a host that does not send lifespan events
+                await self.startup()
+            try:
+                await self._http(scope, receive, send)
+            except ServingError as exc:
+                await _respond(send, exc.status, exc.body(), _headers(exc.headers))
+            except Exception as exc:  # noqa: BLE001 - a genuine fault: 500, logged once
+                log.exception("request failed: %s %s", scope.get("method"), scope.get("path"))
+                body = orjson.dumps({"error": f"internal error: {type(exc).__name__}: {exc}"})
+                await _respond(send, 500, body, [_CT_JSON])
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:  # noqa: BLE001
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        root = scope.get("root_path")
+        if root and path.startswith(root):
+            path = path[len(root):]
+        method: str = scope["method"]
+        parts = path.rstrip("/").split("/")
+        n = len(parts)
+        dp = self.dataplane
+        head = parts[1] if n > 1 else ""
+
+        if head == "v2":
+            section = parts[2] if n > 2 else ""
+            if section == "models" and n > 3:
+                model = parts[3]
+                version = None
+                action = parts[4] if n > 4 else ""
+                if action == "versions" and n > 5:
+                    version = parts[5]
+                    action = parts[6] if n > 6 else ""
+                    extra = n > 7
+                else:
+                    extra = n > 5
+                if extra:
+                    raise ModelNotFound(f"no such endpoint {path}")
+                if action == "infer":
+                    _method(method, "POST")
+                    return await self._infer(scope, receive, send, model, version)
+                _method(method, "GET")
+                if model == "stats" and n == 4:
+                    return await _json(send, 200, dp.model_stats(None, None))
+                if action == "":
+                    return await _json(send, 200, dp.model_metadata(model, version))
+                if action == "ready":
+                    ok = dp.model_ready(model, version)
+                    return await _json(send, 200 if ok else 503, {"ready": ok})
+                if action == "config":
+                    return await _json(send, 200, dp.model_config(model, version))
+                if action == "stats":
+                    return await _json(send, 200, dp.model_stats(model, version))
+                raise ModelNotFound(f"no such endpoint {path}")
+            if section == "health" and n == 4:
+                _method(method, "GET")
+                if parts[3] == "live":
+                    return await _respond(send, 200, b"{}", _EMPTY_JSON_HEADERS)
+                if parts[3] == "ready":
+                    ok, body = dp.ready()
+                    return await _json(send, 200 if ok else 503, body)
+            if section == "" and n <= 2:
+                _method(method, "GET")
+                return await _json(send, 200, dp.server_metadata())
+            if section == "repository":
+                return await self._repository(scope, receive, send, parts, path)
+        elif head == "invocations" and n == 2:
+            _method(method, "POST")
+            return await self._infer(scope, receive, send, None, None, sagemaker=True)
+        elif head == "ping" and n == 2:
+            _method(method, "GET")
+            ok, body = dp.ready()
+            return await _json(send, 200 if ok else 503, body)
+        elif head == "metrics" and n == 2:
+            _method(method, "GET")
+            body, content_type = render_metrics(self._metrics)
+            return await _respond(send, 200, body, [(b"content-type", content_type.encode())])
+        raise ModelNotFound(f"no such endpoint {path}")
+
+    async def _repository(self, scope, receive, send, parts: list[str], path: str) -> None:
+        _method(scope["method"], "POST")
+        n = len(parts)
+        body = await _read_body(receive, scope, 1 << 20)
+        if n == 4 and parts[3] == "index":
+            ready_only = False
+            if body.strip():
+                try:
+                    doc = orjson.loads(body)
+                except orjson.JSONDecodeError as exc:
+                    raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+                ready_only = bool(doc.get("ready")) if type(doc) is dict else False
+            return await _json(send, 200, self.dataplane.repository_index(ready_only))
+        if n == 6 and parts[3] == "models" and parts[5] in ("load", "unload"):
+            authorization = next((v.decode("latin-1") for k, v in scope["headers"]
+                                  if k == b"authorization"), None)
+            await self.dataplane.repository_action(parts[5], parts[4], authorization)
+            return await _json(send, 200, {})
+        raise ModelNotFound(f"no such endpoint {path}")
+
+    # -- inference ---------------------------------------------------------------------------
+
+    async def _infer(self, scope, receive, send, model: str | None, version: str | None, *,
+                     sagemaker: bool = False) -> None:
+        header_length = content_type = encoding = routing_key = api_key = target = None
+        length = -1
+        for key, value in scope["headers"]:
+            if key == b"inference-header-content-length":
+                header_length = value
+            elif key == b"content-length":
+                length = int(value) if value.isdigit() else -1
+            elif key == b"content-type":
+                content_type = value
+            elif key == b"content-encoding":
+                encoding = value
+            elif key == b"x-routing-key":
+                routing_key = value.decode("latin-1")
+            elif key == b"authorization":
+                scheme, _, token = value.decode("latin-1").partition(" ")
+                if scheme.lower() == "bearer":
+                    api_key = token.strip()
+            elif key == b"x-api-key":
+                api_key = value.decode("latin-1").strip()
+            elif key == b"x-amzn-sagemaker-target-model":
+                target = value.decode("latin-1")
+        limit = self._limit
+        if length > limit:
+            raise PayloadTooLarge(f"request body of {length} bytes exceeds the limit of "
+                                  f"{limit} bytes")
+        body = await _read_body(receive, scope, limit)
+        if encoding is not None:
+            body = _inflate(body, encoding.decode("latin-1"), limit)
+        hlen = None
+        if header_length is not None:
+            if not header_length.isdigit():
+                raise InvalidInput(f"Inference-Header-Content-Length must be a byte count, got "
+                                   f"{header_length.decode('latin-1')!r}")
+            hlen = int(header_length)
+        if sagemaker:
+            smlen = sagemaker_header_length(content_type.decode("latin-1")
+                                            if content_type else None)
+            if smlen is not None:
+                hlen = smlen
+            model = self._sagemaker_model(target)
+        request = decode_infer_request(body, header_length=hlen)
+        out, headers, lv = await self.dataplane.infer(
+            model, version, request, routing_key=routing_key, api_key=api_key)
+        if len(headers) == 1:  # JSON answer: the common case, prebuilt tuples
+            raw = [_CT_JSON, lv.version_header, (b"content-length", b"%d" % len(out))]
+        else:
+            raw = _headers(headers)
+            raw.append(lv.version_header)
+            raw.append((b"content-length", b"%d" % len(out)))
+        await send({"type": "http.response.start", "status": 200, "headers": raw})
+        await send({"type": "http.response.body", "body": out})
+
+    def _sagemaker_model(self, target: str | None) -> str:
+        routes = self.dataplane.table.routes
+        if target:
+            if target in routes:
+                return target
+            for suffix in (".tar.gz", ".onnx"):
+                if target.endswith(suffix) and target[: -len(suffix)] in routes:
+                    return target[: -len(suffix)]
+            raise ModelNotFound(f"unknown model '{target}' (X-Amzn-SageMaker-Target-Model)")
+        if len(routes) == 1:
+            return next(iter(routes))
+        raise InvalidInput(
+            f"this container serves {len(routes)} models ({', '.join(sorted(routes))}); name "
+            "one with the X-Amzn-SageMaker-Target-Model header")
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def _method(method: str, wanted: str) -> None:
+    if method != wanted:
+        raise MethodNotAllowed(f"method {method} not allowed here (use {wanted})",
+                               headers={"Allow": wanted})
+
+
+async def _read_body(receive: Receive, scope: Scope, limit: int) -> bytes:
+    message = await receive()
+    body = message.get("body", b"")
+    if not message.get("more_body"):
+        if len(body) > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        return body
+    parts = [body]
+    size = len(body)
+    while message.get("more_body"):
+        message = await receive()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """gzip / deflate request bodies, refusing to inflate past the body limit."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding == "gzip":
+        attempts = (31,)
+    elif encoding == "deflate":  # HTTP deflate is zlib-wrapped; some clients send it raw
+        attempts = (15, -15)
+    else:
+        raise InvalidInput(f"unsupported Content-Encoding {encoding!r} (use gzip or deflate)")
+    error: Exception | None = None
+    for wbits in attempts:
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out = inflater.decompress(body, limit + 1)
+        except zlib.error as exc:
+            error = exc
+            continue
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise PayloadTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
+        if not inflater.eof:
+            raise InvalidInput(f"Content-Encoding {encoding}: body is truncated")
+        return out
+    raise InvalidInput(f"Content-Encoding {encoding}: body does not decompress ({error})")
+
+
+def _headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+async def _respond(send: Send, status: int, body: bytes,
+                   headers: list[tuple[bytes, bytes]]) -> None:
+    if not any(k == b"content-type" for k, _ in headers):
+        headers = [*headers, _CT_JSON]
+    if not any(k == b"content-length" for k, _ in headers):
+        headers = [*headers, (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _json(send: Send, status: int, doc) -> None:
+    body = orjson.dumps(doc)
+    await send({"type": "http.response.start", "status": status,
+                "headers": [_CT_JSON, (b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def create_app(source: DesiredStateSource, *, replica: str,
+               settings: ServingSettings | None = None) -> ServingApp:
+    """The serving ASGI app over `source`; mount it at /v2, /ping, /invocations, /metrics.
+    Lifespan startup starts the reconciler (or the first request does, if no lifespan)."""
+    settings = settings or ServingSettings.from_env()
+    dataplane = DataPlane(replica=replica)
+    reconciler = Reconciler(
+        source, dataplane, poll_seconds=settings.poll_seconds,
+        heartbeat_seconds=settings.heartbeat_seconds,
+        intra_op_threads=settings.intra_op_threads, providers=settings.providers)
+    return ServingApp(dataplane, reconciler, settings)

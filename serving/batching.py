@@ -1,0 +1,365 @@
+"""Dynamic batching for one model version: queue requests, merge compatible ones along axis 0,
+run one inference off the event loop, hand each caller back its own rows.
+
+Triton's semantics: with max_queue_delay_us 0 a free instance takes whatever is queued right
+away (batches form naturally while the instances are busy, so an idle server adds almost
+nothing); with a delay the batcher waits up to that long for a preferred or full batch.
+
+Per request the cost is one future, one small record and a deque append; the event loop never
+waits on the model. All bookkeeping (queue, stats) happens on the event loop thread, so it needs
+no locks; worker threads only concatenate, run and split.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from time import perf_counter_ns
+
+import numpy as np
+
+from serving.errors import ModelNotReady, QueueFull
+from serving.routes import BatchingConfig
+from serving.stats import VersionStats
+
+Tensors = dict[str, np.ndarray]
+
+
+class _Request:
+    """One caller's inputs and the future its answer goes to."""
+
+    __slots__ = ("inputs", "future", "rows", "key", "enqueued_ns")
+
+    def __init__(self, inputs: Tensors, future: asyncio.Future, rows: int, key: tuple | None,
+                 enqueued_ns: int) -> None:
+        self.inputs = inputs
+        self.future = future
+        self.rows = rows
+        self.key = key
+        self.enqueued_ns = enqueued_ns
+
+
+def _batch_key(inputs: Tensors) -> tuple[int, tuple | None]:
+    """(rows, key): requests with equal keys (names, dtypes, trailing dims) can be merged.
+
+    A request whose inputs disagree on the first dimension, or has a scalar, gets key None and
+    runs on its own. The one-input case is the common one and has its own short path.
+    """
+    if len(inputs) == 1:
+        name, a = next(iter(inputs.items()))
+        shape = a.shape
+        if not shape:
+            return 1, None
+        return shape[0], (name, a.dtype.num, shape[1:])
+    rows = -1
+    parts = []
+    for name, a in inputs.items():
+        shape = a.shape
+        if not shape or (rows >= 0 and shape[0] != rows):
+            return max(rows, 1), None
+        rows = shape[0]
+        parts.append((name, a.dtype.num, shape[1:]))
+    if rows < 0:
+        return 1, None
+    parts.sort()
+    return rows, tuple(parts)
+
+
+class DynamicBatcher:
+    """The per-version request queue in front of a model's run function.
+
+    `run` is called from worker threads (onnxruntime releases the GIL) with at most
+    `config.instance_count` calls in flight. An exception from `run` fails exactly the requests
+    that were in that batch. Without an `executor` the batcher starts instance_count threads of
+    its own fed by a SimpleQueue: measured ~30 µs cheaper per hand-off than
+    ThreadPoolExecutor.submit, which matters when the model itself takes ~25 µs.
+    """
+
+    def __init__(
+        self,
+        run: Callable[[Tensors], Tensors],
+        config: BatchingConfig,
+        stats: VersionStats,
+        executor: Executor | None = None,
+    ) -> None:
+        self._run = run
+        self.config = config
+        self.stats = stats
+        self._max_rows = max(0, config.max_batch_size)
+        self._instances = max(1, config.instance_count)
+        self._delay_ns = max(0, config.max_queue_delay_us) * 1000
+        self._preferred = frozenset(
+            p for p in config.preferred_batch_sizes if 0 < p <= (self._max_rows or p))
+        self._max_queue = max(1, config.max_queue_size)
+        self._executor = executor
+        self._jobs: queue.SimpleQueue | None = None
+        self._threads: list[threading.Thread] = []
+        self._queue: deque[_Request] = deque()
+        self._in_flight = 0
+        self._dispatch_scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._drain_waiters: list[asyncio.Future] = []
+        self._closed = False
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting for an instance (not counting those executing)."""
+        return len(self._queue)
+
+    @property
+    def in_flight(self) -> int:
+        """Model executions running right now."""
+        return self._in_flight
+
+    async def infer(self, inputs: Tensors) -> Tensors:
+        """Queue one request and wait for its own rows of the batch it ran in.
+
+        Raises QueueFull when max_queue_size requests already wait, ModelNotReady after close().
+        """
+        stats = self.stats
+        if self._closed:
+            stats.record_failure(0)
+            raise ModelNotReady(f"model {stats.model!r} version {stats.version!r} is unloading",
+                                retry_after=1)
+        if len(self._queue) >= self._max_queue:
+            stats.record_failure(0)
+            raise QueueFull(f"model {stats.model!r} version {stats.version!r}: queue full "
+                            f"({self._max_queue} requests waiting)")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if self._max_rows:
+            rows, key = _batch_key(inputs)
+        else:
+            rows, key = 1, None
+        self._queue.append(_Request(inputs, future, rows, key, perf_counter_ns()))
+        stats.pending += 1
+        if self._in_flight < self._instances and not self._dispatch_scheduled:
+            # call_soon rather than dispatching here: requests arriving in the same loop
+            # iteration (a burst) then leave together in one batch, at the cost of one tick.
+            self._dispatch_scheduled = True
+            loop.call_soon(self._dispatch)
+        return await future
+
+    # -- event-loop side -----------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        """Start batches while instances are free and the queue has (ready) requests."""
+        self._dispatch_scheduled = False
+        loop = asyncio.get_running_loop()
+        while self._in_flight < self._instances and self._queue:
+            batch = self._take(loop)
+            if not batch:
+                break
+            start = perf_counter_ns()
+            stats = self.stats
+            for r in batch:
+                stats.queue_count += 1
+                stats.queue_ns += start - r.enqueued_ns
+            self._in_flight += 1
+            try:
+                if self._executor is not None:
+                    self._executor.submit(self._execute, loop, batch)
+                else:
+                    self._submit(loop, batch)
+            except RuntimeError as exc:  # executor shut down under us
+                self._in_flight -= 1
+                self._finish(batch, None, exc, (0, 0, 0))
+        self._wake_drainers()
+
+    def _take(self, loop: asyncio.AbstractEventLoop) -> list[_Request] | None:
+        """Remove and return the next batch, or None to wait (queue delay not yet spent)."""
+        q = self._queue
+        while q and q[0].future.done():  # callers that went away before their turn
+            q.popleft()
+            self.stats.pending -= 1
+        if not q:
+            return None
+        head = q[0]
+        if head.key is None or not self._max_rows:
+            q.popleft()
+            self.stats.pending -= 1
+            return [head]
+        # Compatible requests in arrival order, up to max_batch_size rows.
+        chosen: list[_Request] = []
+        rows = 0
+        full = False
+        contiguous = True
+        for r in q:
+            if r.key != head.key or r.future.done():
+                contiguous = False
+                continue
+            if chosen and rows + r.rows > self._max_rows:
+                full = True
+                break
+            chosen.append(r)
+            rows += r.rows
+            if rows >= self._max_rows:
+                full = True
+                break
+        if self._delay_ns and not full:
+            if self._preferred:
+                total, best = 0, 0
+                for i, r in enumerate(chosen):
+                    total += r.rows
+                    if total in self._preferred:
+                        best = i + 1
+                if best:
+                    chosen = chosen[:best]
+                    full = True
+            if not full:
+                waited = perf_counter_ns() - head.enqueued_ns
+                if waited < self._delay_ns:
+                    if self._timer is None:
+                        self._timer = loop.call_later(
+                            (self._delay_ns - waited) / 1e9, self._on_timer)
+                    return None
+        if contiguous:
+            for _ in chosen:
+                q.popleft()
+        else:
+            taken = {id(r) for r in chosen}
+            self._queue = deque(
+                r for r in q if id(r) not in taken and not r.future.done())
+            self.stats.pending = len(self._queue)
+            return chosen
+        self.stats.pending -= len(chosen)
+        return chosen
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._dispatch()
+
+    def _finish(self, batch: list[_Request], parts: list[Tensors] | None,
+                error: BaseException | None, times: tuple[int, int, int]) -> None:
+        """On the loop: resolve the batch's futures, account for it, start the next batch."""
+        now = perf_counter_ns()
+        stats = self.stats
+        if error is None:
+            rows = 0
+            for r, part in zip(batch, parts, strict=True):  # type: ignore[arg-type]
+                rows += r.rows
+                if not r.future.done():
+                    r.future.set_result(part)
+                stats.record_success(now - r.enqueued_ns)
+            stats.record_execution(len(batch), rows, *times)
+        else:
+            for r in batch:
+                if not r.future.done():
+                    r.future.set_exception(error)
+                stats.record_failure(now - r.enqueued_ns)
+
+    def _complete(self, batch: list[_Request], parts: list[Tensors] | None,
+                  error: BaseException | None, times: tuple[int, int, int]) -> None:
+        self._in_flight -= 1
+        self._finish(batch, parts, error, times)
+        if self._queue and not self._closed:
+            self._dispatch()
+        else:
+            self._wake_drainers()
+
+    def _wake_drainers(self) -> None:
+        if self._drain_waiters and not self._in_flight and not self._queue:
+            waiters, self._drain_waiters = self._drain_waiters, []
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+
+    # -- worker-thread side --------------------------------------------------------------------
+
+    def _submit(self, loop: asyncio.AbstractEventLoop, batch: list[_Request]) -> None:
+        if self._jobs is None:  # threads start on first use, not at construction
+            self._jobs = queue.SimpleQueue()
+            for i in range(self._instances):
+                t = threading.Thread(
+                    target=self._worker, args=(self._jobs,), daemon=True,
+                    name=f"infer-{self.stats.model}-{self.stats.version}-{i}")
+                t.start()
+                self._threads.append(t)
+        self._jobs.put((loop, batch))
+
+    def _worker(self, jobs: queue.SimpleQueue) -> None:
+        get = jobs.get
+        execute = self._execute
+        while (job := get()) is not None:
+            execute(*job)
+
+    def _execute(self, loop: asyncio.AbstractEventLoop, batch: list[_Request]) -> None:
+        """In a worker thread: merge, run, split; hand the outcome back to the loop."""
+        t0 = perf_counter_ns()
+        parts: list[Tensors] | None = None
+        error: BaseException | None = None
+        t1 = t2 = t0
+        try:
+            if len(batch) == 1:
+                feeds = batch[0].inputs
+            else:
+                first = batch[0].inputs
+                feeds = {name: np.concatenate([r.inputs[name] for r in batch])
+                         for name in first}
+            t1 = perf_counter_ns()
+            outputs = self._run(feeds)
+            t2 = perf_counter_ns()
+            if len(batch) == 1:
+                parts = [outputs]
+            else:
+                parts = _split(outputs, batch)
+        except BaseException as exc:  # noqa: BLE001 - any failure belongs to this batch's callers
+            error = exc
+            parts = None
+        t3 = perf_counter_ns()
+        try:
+            loop.call_soon_threadsafe(self._complete, batch, parts, error,
+                                      (t1 - t0, t2 - t1, t3 - t2))
+        except RuntimeError:  # the loop is gone (shutdown): nobody is waiting any more
+            pass
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Wait until nothing is queued or running (before unloading the version)."""
+        while self._in_flight or self._queue:
+            waiter = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(waiter)
+            if self._queue and not self._dispatch_scheduled and self._timer is None:
+                self._dispatch()
+            await waiter
+
+    def close(self) -> None:
+        """Refuse new requests, fail queued ones, release the worker threads."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        error = ModelNotReady(
+            f"model {self.stats.model!r} version {self.stats.version!r} was unloaded",
+            retry_after=1)
+        while self._queue:
+            r = self._queue.popleft()
+            if not r.future.done():
+                r.future.set_exception(error)
+            self.stats.record_failure(perf_counter_ns() - r.enqueued_ns)
+        self.stats.pending = 0
+        if self._jobs is not None:
+            for _ in self._threads:  # each worker exits after the batch it may be running
+                self._jobs.put(None)
+            self._threads = []
+
+
+def _split(outputs: Tensors, batch: list[_Request]) -> list[Tensors]:
+    """Each request's rows of every output (views, no copies)."""
+    total = sum(r.rows for r in batch)
+    for name, a in outputs.items():
+        if a.ndim == 0 or a.shape[0] != total:
+            raise ValueError(f"output {name!r} has shape {list(a.shape)}: no batch dimension of "
+                             f"{total} rows to split between {len(batch)} requests")
+    parts = []
+    start = 0
+    for r in batch:
+        end = start + r.rows
+        parts.append({name: a[start:end] for name, a in outputs.items()})
+        start = end
+    return parts

@@ -1,0 +1,513 @@
+"""Open Inference Protocol v2 wire format <-> numpy, JSON and Triton's binary tensor extension.
+
+Pure functions over bytes: nothing here knows HTTP frameworks, Django or models. This is the
+request hot path, so binary tensors are views over the body (np.frombuffer, no copy) and JSON
+outputs go to orjson as numpy arrays.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from serving.errors import InvalidInput, ServerFault
+
+try:  # BF16 has no numpy type; ml_dtypes provides one (binary only on the wire).
+    from ml_dtypes import bfloat16 as _bfloat16
+except ImportError:  # pragma: no cover - exercised only where ml_dtypes is absent
+    _bfloat16 = None
+
+#: v2 datatype -> numpy dtype (explicitly little-endian, as the binary extension is).
+#: BYTES maps to object: elements are Python bytes.
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype("?"),
+    "UINT8": np.dtype("u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+    "BYTES": np.dtype(object),
+}
+if _bfloat16 is not None:
+    DATATYPES["BF16"] = np.dtype(_bfloat16)
+
+_DATATYPE_BY_DTYPE: dict[np.dtype, str] = {
+    dt: name for name, dt in DATATYPES.items() if name != "BYTES"
+}
+_BINARY_ONLY = frozenset({"BF16"})
+#: which numpy kinds a JSON array may arrive as for each datatype (see _json_numeric).
+_JSON_KINDS = {"BOOL": "b", "FP16": "iuf", "FP32": "iuf", "FP64": "iuf"}
+_U32 = struct.Struct("<I")
+_JSON_CT = {"Content-Type": "application/json"}
+_SAGEMAKER_BINARY_CT = "application/vnd.sagemaker-triton.binary+json"
+_MISSING = object()
+
+
+@dataclass(slots=True)
+class InputTensor:
+    """One decoded input: `array` already has the declared shape and the datatype's dtype."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    parameters: dict
+    array: np.ndarray
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    """An output the client named; `binary` already folds in `binary_data_output`."""
+
+    name: str
+    binary: bool
+    parameters: dict = field(default_factory=dict)
+
+    @property
+    def classification(self) -> int:
+        """Top-k classes wanted (classification extension); 0 = the raw tensor."""
+        return self.parameters.get("classification", 0) or 0
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """A decoded v2 infer request. `outputs` None means "every output"."""
+
+    id: str | None
+    parameters: dict
+    inputs: list[InputTensor]
+    outputs: list[RequestedOutput] | None
+    binary_output: bool
+
+
+# --------------------------------------------------------------------------- request
+
+
+def sagemaker_header_length(content_type: str | None) -> int | None:
+    """JSON header length from SageMaker's binary content type, None for any other type.
+
+    Triton on SageMaker carries the header length in the Content-Type
+    (`application/vnd.sagemaker-triton.binary+json;json-header-size=N`), not in a header.
+    """
+    if not content_type:
+        return None
+    kind, _, params = content_type.partition(";")
+    if kind.strip().lower() != _SAGEMAKER_BINARY_CT:
+        return None
+    for param in params.split(";"):
+        key, _, value = param.partition("=")
+        if key.strip().lower() == "json-header-size":
+            value = value.strip()
+            if value.isdigit():
+                return int(value)
+            break
+    raise InvalidInput(
+        f"Content-Type {_SAGEMAKER_BINARY_CT} needs json-header-size=<bytes>, got {content_type!r}"
+    )
+
+
+def decode_infer_request(
+    body: bytes, *, header_length: int | None = None, content_encoding: str | None = None,
+) -> InferRequest:
+    """Parse a v2 infer request (JSON, or JSON header + binary tensors when header_length).
+
+    Binary inputs become read-only views over `body`; JSON inputs are converted once.
+    Every malformed detail is an InvalidInput whose message names the input or field.
+    """
+    if content_encoding:
+        body = _decompress(body, content_encoding)
+    end = len(body)
+    if header_length is None:
+        header: Any = body
+        offset = end
+    else:
+        if header_length < 0 or header_length > end:
+            raise InvalidInput(
+                f"Inference-Header-Content-Length {header_length} is outside the body "
+                f"of {end} bytes"
+            )
+        header = body[:header_length]  # a small copy; orjson parses bytes faster than a view
+        offset = header_length
+    try:
+        doc = orjson.loads(header)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+    if type(doc) is not dict:
+        raise InvalidInput("request body must be a JSON object")
+
+    request_id = doc.get("id")
+    if request_id is not None and type(request_id) is not str:
+        raise InvalidInput("'id' must be a string")
+    parameters = _params(doc.get("parameters"), "request parameters")
+    binary_output = parameters.get("binary_data_output", False)
+    if type(binary_output) is not bool:
+        raise InvalidInput("parameters.binary_data_output must be true or false")
+
+    raw_inputs = doc.get("inputs")
+    if type(raw_inputs) is not list or not raw_inputs:
+        raise InvalidInput("'inputs' must be a non-empty list")
+    inputs = []
+    seen = set()
+    for index, spec in enumerate(raw_inputs):
+        tensor, offset = _decode_input(spec, index, body, offset, end)
+        if tensor.name in seen:
+            raise InvalidInput(f"input '{tensor.name}' appears more than once")
+        seen.add(tensor.name)
+        inputs.append(tensor)
+    if offset != end:
+        raise InvalidInput(
+            f"{end - offset} bytes of binary data left over after the last binary input"
+        )
+    outputs = _decode_outputs(doc.get("outputs"), binary_output)
+    return InferRequest(request_id, parameters, inputs, outputs, binary_output)
+
+
+def _decompress(body: bytes, encoding: str) -> bytes:
+    encoding = encoding.strip().lower()
+    try:
+        if encoding == "gzip":
+            return zlib.decompress(body, wbits=31)
+        if encoding == "deflate":  # HTTP deflate is zlib-wrapped; some clients send it raw
+            try:
+                return zlib.decompress(body)
+            except zlib.error:
+                return zlib.decompress(body, wbits=-15)
+    except zlib.error as exc:
+        raise InvalidInput(
+            f"Content-Encoding {encoding}: body does not decompress ({exc})"
+        ) from None
+    if encoding == "identity":
+        return body
+    raise InvalidInput(f"unsupported Content-Encoding {encoding!r} (use gzip or deflate)")
+
+
+def _params(value: Any, what: str) -> dict:
+    if value is None:
+        return {}
+    if type(value) is not dict:
+        raise InvalidInput(f"{what} must be a JSON object")
+    return value
+
+
+def _decode_input(
+    spec: Any, index: int, body: bytes, offset: int, end: int,
+) -> tuple[InputTensor, int]:
+    if type(spec) is not dict:
+        raise InvalidInput(f"inputs[{index}] must be a JSON object")
+    name = spec.get("name")
+    if type(name) is not str or not name:
+        raise InvalidInput(f"inputs[{index}] needs a 'name' string")
+    datatype = spec.get("datatype")
+    dtype = DATATYPES.get(datatype) if type(datatype) is str else None
+    if dtype is None:
+        raise InvalidInput(
+            f"input '{name}': unknown datatype {datatype!r} (one of {', '.join(DATATYPES)})"
+        )
+    shape = spec.get("shape")
+    if type(shape) is not list:
+        raise InvalidInput(f"input '{name}': shape must be a list of non-negative integers")
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise InvalidInput(f"input '{name}': shape must be a list of non-negative integers")
+    count = math.prod(shape)
+    parameters = _params(spec.get("parameters"), f"input '{name}' parameters")
+    size = parameters.get("binary_data_size")
+    data = spec.get("data", _MISSING)
+
+    if size is not None:
+        if data is not _MISSING:
+            raise InvalidInput(f"input '{name}' has both 'data' and binary_data_size")
+        if type(size) is not int or size < 0:
+            raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer")
+        if offset + size > end:
+            raise InvalidInput(
+                f"input '{name}': binary_data_size is {size} but only {end - offset} bytes "
+                "of binary data remain"
+            )
+        if datatype == "BYTES":
+            array = _binary_bytes(body, offset, size, count, name).reshape(shape)
+        else:
+            expected = count * dtype.itemsize
+            if size != expected:
+                raise InvalidInput(
+                    f"input '{name}': binary_data_size is {size} but shape {shape} of "
+                    f"{datatype} needs {expected} bytes"
+                )
+            array = np.frombuffer(body, dtype, count, offset).reshape(shape)
+        return InputTensor(name, datatype, shape, parameters, array), offset + size
+
+    if data is _MISSING:
+        raise InvalidInput(f"input '{name}' has neither 'data' nor binary_data_size")
+    if type(data) is not list:
+        raise InvalidInput(f"input '{name}': 'data' must be a list")
+    if datatype == "BYTES":
+        array = _json_bytes(data, name)
+    elif datatype in _BINARY_ONLY:
+        raise InvalidInput(f"input '{name}': {datatype} is only accepted as binary data")
+    else:
+        array = _json_numeric(data, datatype, dtype, name)
+    if array.size != count:
+        raise InvalidInput(
+            f"input '{name}': 'data' has {array.size} elements but shape {shape} needs {count}"
+        )
+    return InputTensor(name, datatype, shape, parameters, array.reshape(shape)), offset
+
+
+def _json_numeric(data: list, datatype: str, dtype: np.dtype, name: str) -> np.ndarray:
+    """Convert JSON numbers, refusing what numpy would silently coerce (strings, null, 1.5 as
+    an integer, 300 as UINT8): let numpy infer first, then check kind and range."""
+    try:
+        inferred = np.asarray(data)
+    except ValueError as exc:  # ragged nesting
+        raise InvalidInput(f"input '{name}': 'data' is not a regular array ({exc})") from None
+    if inferred.dtype == dtype:
+        return inferred
+    if inferred.size == 0:
+        return inferred.astype(dtype)
+    kind = inferred.dtype.kind
+    if kind == "f" and datatype == "UINT64":  # numpy infers float64 for ints past INT64 max
+        return _json_uint64(data, inferred, name)
+    if kind not in _JSON_KINDS.get(datatype, "iu"):
+        raise InvalidInput(
+            f"input '{name}': 'data' holds {_describe_kind(kind)}, not {datatype} values"
+        )
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if inferred.min() < info.min or inferred.max() > info.max:
+            raise InvalidInput(f"input '{name}': 'data' has values out of range for {datatype}")
+    return inferred.astype(dtype)
+
+
+def _json_uint64(data: list, inferred: np.ndarray, name: str) -> np.ndarray:
+    try:
+        exact = np.asarray(data, dtype=np.uint64)
+    except (OverflowError, ValueError, TypeError):
+        exact = None
+    if exact is None or not np.array_equal(exact.astype(np.float64), inferred):
+        raise InvalidInput(f"input '{name}': 'data' has values that are not UINT64 integers")
+    return exact
+
+
+def _describe_kind(kind: str) -> str:
+    return {
+        "b": "booleans", "i": "integers", "u": "integers", "f": "non-integer numbers",
+        "U": "strings", "O": "mixed or null values",
+    }.get(kind, "values")
+
+
+def _json_bytes(data: list, name: str) -> np.ndarray:
+    """JSON carries BYTES as strings; the array holds their UTF-8 bytes."""
+    try:
+        items = [s.encode() for s in data]  # flat list of strings: the common case
+    except AttributeError:
+        items = _nested_strings(data, name)
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    return array
+
+
+def _nested_strings(data: list, name: str) -> list[bytes]:
+    try:
+        nested = np.array(data, dtype=object)
+    except ValueError as exc:
+        raise InvalidInput(f"input '{name}': 'data' is not a regular array ({exc})") from None
+    items = []
+    for i, s in enumerate(nested.ravel()):
+        if type(s) is not str:
+            raise InvalidInput(
+                f"input '{name}': BYTES element {i} is {type(s).__name__}, expected a string"
+            )
+        items.append(s.encode())
+    return items
+
+
+def _binary_bytes(body: bytes, offset: int, size: int, count: int, name: str) -> np.ndarray:
+    """Split one BYTES block: each element is a 4-byte little-endian length then its bytes."""
+    stop = offset + size
+    items = []
+    pos = offset
+    unpack = _U32.unpack_from
+    for i in range(count):
+        if pos + 4 > stop:
+            raise InvalidInput(
+                f"input '{name}': binary BYTES data ends before element {i} of {count}"
+            )
+        (length,) = unpack(body, pos)
+        pos += 4
+        if pos + length > stop:
+            raise InvalidInput(
+                f"input '{name}': BYTES element {i} declares {length} bytes but only "
+                f"{stop - pos} remain in its binary_data_size"
+            )
+        items.append(bytes(body[pos:pos + length]))
+        pos += length
+    if pos != stop:
+        raise InvalidInput(
+            f"input '{name}': binary_data_size is {size} but its {count} BYTES elements "
+            f"use {size - (stop - pos)}"
+        )
+    array = np.empty(count, dtype=object)
+    array[:] = items
+    return array
+
+
+def _decode_outputs(raw: Any, binary_output: bool) -> list[RequestedOutput] | None:
+    if raw is None:
+        return None
+    if type(raw) is not list:
+        raise InvalidInput("'outputs' must be a list")
+    outputs = []
+    seen = set()
+    for index, spec in enumerate(raw):
+        if type(spec) is not dict or type(spec.get("name")) is not str:
+            raise InvalidInput(f"outputs[{index}] needs a 'name' string")
+        name = spec["name"]
+        if name in seen:
+            raise InvalidInput(f"output '{name}' is requested more than once")
+        seen.add(name)
+        parameters = _params(spec.get("parameters"), f"output '{name}' parameters")
+        binary = parameters.get("binary_data", binary_output)
+        if type(binary) is not bool:
+            raise InvalidInput(f"output '{name}': binary_data must be true or false")
+        k = parameters.get("classification", 0)
+        if type(k) is not int or k < 0:
+            raise InvalidInput(f"output '{name}': classification must be a non-negative integer")
+        outputs.append(RequestedOutput(name, binary, parameters))
+    return outputs
+
+
+# -------------------------------------------------------------------------- response
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """The v2 datatype name for a numpy array a runtime produced."""
+    name = _DATATYPE_BY_DTYPE.get(array.dtype)
+    if name is not None:
+        return name
+    if array.dtype.kind in "OUS":
+        return "BYTES"
+    if not array.dtype.isnative:
+        name = _DATATYPE_BY_DTYPE.get(array.dtype.newbyteorder("="))
+        if name is not None:
+            return name
+    raise ServerFault(f"numpy dtype {array.dtype} has no v2 datatype")
+
+
+def encode_infer_response(
+    *,
+    model_name: str,
+    model_version: str,
+    request_id: str | None,
+    outputs: dict[str, np.ndarray],
+    requested: list[RequestedOutput] | None,
+    binary_output: bool,
+    parameters: dict | None = None,
+    batched: bool = True,
+) -> tuple[bytes, dict[str, str]]:
+    """Render a v2 infer response; returns the body and the HTTP headers it needs.
+
+    Binary outputs follow the JSON header in output order, with Inference-Header-Content-Length.
+    `batched` says the outputs' first dimension is the batch (classification ranks per row).
+    """
+    if requested is None:
+        plan = [(name, array, binary_output, 0) for name, array in outputs.items()]
+    else:
+        plan = []
+        for req in requested:
+            array = outputs.get(req.name)
+            if array is None:
+                raise InvalidInput(
+                    f"unknown output '{req.name}' (the model produces {', '.join(outputs)})"
+                )
+            plan.append((req.name, array, req.binary, req.classification))
+
+    docs = []
+    blocks: list[Any] = []
+    for name, array, binary, k in plan:
+        if k:
+            array = _classify(array, k, batched, name)
+        datatype = datatype_of(array)
+        doc: dict[str, Any] = {"name": name, "datatype": datatype, "shape": array.shape}
+        if binary:
+            block = _binary_block(array, datatype)
+            doc["parameters"] = {"binary_data_size": len(block)}
+            blocks.append(block)
+        else:
+            doc["data"] = _json_data(array, datatype, name)
+        docs.append(doc)
+
+    response: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    if request_id is not None:
+        response["id"] = request_id
+    if parameters:
+        response["parameters"] = parameters
+    response["outputs"] = docs
+    header = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not blocks:
+        return header, _JSON_CT.copy()
+    headers = {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(header)),
+    }
+    return b"".join([header, *blocks]), headers
+
+
+def _json_data(array: np.ndarray, datatype: str, name: str) -> Any:
+    if datatype == "BYTES":
+        try:
+            return [
+                item.decode() if isinstance(item, bytes) else str(item)
+                for item in array.reshape(-1).tolist()
+            ]
+        except UnicodeDecodeError:
+            raise InvalidInput(
+                f"output '{name}' holds bytes that are not UTF-8; request it with binary_data"
+            ) from None
+    if datatype in _BINARY_ONLY:
+        raise InvalidInput(f"output '{name}' is {datatype}; request it with binary_data")
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    return np.ascontiguousarray(array).reshape(-1)  # orjson writes it as one flat list
+
+
+def _binary_block(array: np.ndarray, datatype: str) -> Any:
+    """Raw little-endian bytes of one output; a buffer view where no conversion is needed."""
+    if datatype == "BYTES":
+        parts = []
+        for item in array.reshape(-1).tolist():
+            raw = item if isinstance(item, bytes) else str(item).encode()
+            parts.append(_U32.pack(len(raw)))
+            parts.append(raw)
+        return b"".join(parts)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
+def _classify(array: np.ndarray, k: int, batched: bool, name: str) -> np.ndarray:
+    """Classification extension: top-k "score:index" strings per row (Triton's format:
+    C++ to_string, so floats print with six decimals)."""
+    if array.dtype.kind not in "biuf":
+        raise InvalidInput(f"output '{name}': classification needs a numeric output")
+    per_row = batched and array.ndim >= 2
+    rows = array.reshape(array.shape[0], -1) if per_row else array.reshape(1, -1)
+    k = min(k, rows.shape[1])
+    order = np.argsort(-rows.astype(np.float64), axis=1, kind="stable")[:, :k]
+    as_float = array.dtype.kind == "f"
+    result = np.empty((rows.shape[0], k), dtype=object)
+    for r, (row, idx) in enumerate(zip(rows.tolist(), order.tolist(), strict=True)):
+        result[r] = [
+            (f"{row[i]:f}:{i}" if as_float else f"{int(row[i])}:{i}").encode() for i in idx
+        ]
+    return result if per_row else result.reshape(k)

@@ -1,0 +1,427 @@
+"""The data plane: what the HTTP layer (and any future gRPC front) adapts to.
+
+It reads one immutable `RouteTable` reference per request, swapped whole by the reconciler, so a
+request sees either the old table or the new one, never a mix. Nothing here knows HTTP framing,
+Django or the database; errors are the typed ones from serving.errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from time import perf_counter_ns
+from typing import Any
+
+import numpy as np
+
+from serving.batching import DynamicBatcher
+from serving.codec import InferRequest, datatype_of, encode_infer_response
+from serving.errors import (
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    ServerFault,
+    ServingError,
+    Unauthorized,
+)
+from serving.routes import ModelRoute, VersionSpec, api_key_hash
+from serving.runtime import OnnxRuntime
+from serving.signature import validate_inputs, validate_outputs
+from serving.stats import VersionStats
+
+SERVER_NAME = "mmc"
+SERVER_VERSION = "0.1.0"
+EXTENSIONS = [
+    "binary_tensor_data", "classification", "statistics", "model_repository",
+    "model_configuration", "sagemaker", "schedule_policy",
+]
+_TRITON_TYPES = {"BYTES": "STRING"}
+
+
+class NotSupported(ServingError):
+    """The request is well formed but this deployment does not offer it."""
+
+    status = 501
+
+
+@dataclass(eq=False)
+class LoadedVersion:
+    """One warmed-up model version and its batcher; owned by the reconciler."""
+
+    spec: VersionSpec
+    runtime: OnnxRuntime
+    batcher: DynamicBatcher
+    stats: VersionStats
+    max_batch_size: int  # effective: 0 unless every input has a dynamic first dimension
+
+    def __post_init__(self) -> None:
+        self.signature = self.spec.signature
+        self.version = self.spec.version
+        self.batched = self.max_batch_size > 0
+        self.version_header = (b"x-model-version", self.version.encode())
+
+
+@dataclass
+class ShadowStats:
+    """How a shadow version's answers compare with the live ones, per model."""
+
+    version: str
+    requests: int = 0
+    errors: int = 0
+    latency_ns: int = 0
+    compared_rows: int = 0
+    argmax_agree: int = 0
+    max_abs_diff: float = 0.0
+    last_error: str | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "version": self.version, "requests": self.requests, "errors": self.errors,
+            "mean_latency_us": (self.latency_ns / self.requests / 1000) if self.requests else None,
+            "max_abs_diff": self.max_abs_diff,
+            "argmax_agreement": (self.argmax_agree / self.compared_rows)
+            if self.compared_rows else None,
+            "compared_rows": self.compared_rows, "last_error": self.last_error,
+        }
+
+
+@dataclass(frozen=True)
+class RouteTable:
+    """One revision's routing, immutable: routes plus every READY loaded version by key.
+    `status` lists (model, version) -> (state, reason) for every version the revision named."""
+
+    revision: int
+    routes: dict[str, ModelRoute]
+    loaded: dict[tuple[str, str], LoadedVersion]
+    status: dict[tuple[str, str], tuple[str, str | None]] = field(default_factory=dict)
+
+    def versions_of(self, model: str) -> list[LoadedVersion]:
+        return sorted((lv for (m, _), lv in self.loaded.items() if m == model),
+                      key=lambda lv: version_order(lv.version))
+
+    def unavailable(self) -> list[str]:
+        """Serving versions (per the routes) that are not loaded: why the replica is unready."""
+        missing = []
+        for name, route in self.routes.items():
+            for v in route.serving_versions():
+                if (name, v) not in self.loaded:
+                    missing.append(f"{name}:{v}")
+        return missing
+
+
+EMPTY_TABLE = RouteTable(revision=-1, routes={}, loaded={})
+
+
+class DataPlane:
+    """Model metadata, readiness, inference, statistics and the repository index."""
+
+    def __init__(self, *, replica: str) -> None:
+        self.replica = replica
+        self.table: RouteTable = EMPTY_TABLE
+        self.started = False  # a first route table has been installed
+        self.degraded: str | None = None  # why the source cannot be followed right now
+        self.shadow: dict[str, ShadowStats] = {}
+        self.source = None  # set by the reconciler: load/unload hooks live there
+        self.on_repository_change = None  # async callable: reconcile now
+        self.loading: dict[tuple[str, str], Any] = {}  # versions being loaded right now
+        self._background: set[asyncio.Task] = set()
+
+    # -- health ------------------------------------------------------------------------------
+
+    def ready(self) -> tuple[bool, dict]:
+        table = self.table
+        missing = table.unavailable()
+        ok = self.started and not missing
+        return ok, {"ready": ok, "replica": self.replica, "revision": table.revision,
+                    "degraded": self.degraded, "unavailable": missing}
+
+    def server_metadata(self) -> dict:
+        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+
+    # -- lookup ------------------------------------------------------------------------------
+
+    def _route(self, model: str) -> ModelRoute:
+        route = self.table.routes.get(model)
+        if route is None:
+            raise ModelNotFound(f"unknown model '{model}'")
+        return route
+
+    def resolve(self, model: str, version: str | None) -> LoadedVersion:
+        """The loaded version a non-infer request is about (unpinned: the stable / live one)."""
+        table = self.table
+        route = self._route(model)
+        if version is None:
+            version = _default_version(route)
+            if version is None:
+                raise ModelNotReady(f"model '{model}' has no version serving traffic",
+                                    retry_after=1)
+        lv = table.loaded.get((model, version))
+        if lv is not None:
+            return lv
+        state = table.status.get((model, version))
+        if state is None:
+            raise ModelNotFound(f"unknown version '{version}' of model '{model}'")
+        reason = f": {state[1]}" if state[1] else ""
+        raise ModelNotReady(f"model '{model}' version '{version}' is {state[0]}{reason}",
+                            retry_after=1)
+
+    def model_ready(self, model: str, version: str | None) -> bool:
+        try:
+            self.resolve(model, version)
+        except ModelNotReady:
+            return False
+        return True
+
+    def model_metadata(self, model: str, version: str | None) -> dict:
+        lv = self.resolve(model, version)
+        sig = lv.signature
+        return {
+            "name": model,
+            "versions": [v.version for v in self.table.versions_of(model)],
+            "platform": "onnxruntime_onnx",
+            "inputs": [_meta_tensor(t) for t in sig["inputs"]],
+            "outputs": [_meta_tensor(t) for t in sig["outputs"]],
+        }
+
+    def model_config(self, model: str, version: str | None) -> dict:
+        """Triton's model configuration: dims exclude the batch dimension when batching."""
+        lv = self.resolve(model, version)
+        cfg = lv.spec.batching
+        providers = lv.runtime.providers
+        return triton_model_config(
+            name=model, signature=lv.signature, max_batch_size=lv.max_batch_size,
+            preferred_batch_sizes=cfg.preferred_batch_sizes,
+            max_queue_delay_us=cfg.max_queue_delay_us, max_queue_size=cfg.max_queue_size,
+            instance_count=cfg.instance_count,
+            kind="KIND_CPU" if providers[:1] == ["CPUExecutionProvider"] else "KIND_GPU",
+            versions=[v.version for v in self.table.versions_of(model)], providers=providers)
+
+    # -- inference ---------------------------------------------------------------------------
+
+    async def infer(
+        self, model: str, version: str | None, request: InferRequest, *,
+        routing_key: str | None = None, api_key: str | None = None,
+    ) -> tuple[bytes, dict[str, str], LoadedVersion]:
+        """Pick (or pin), validate, queue, encode: the body, its headers, who answered."""
+        table = self.table
+        route = table.routes.get(model)
+        if route is None:
+            raise ModelNotFound(f"unknown model '{model}'")
+        if route.api_key_hashes:
+            _authorize(route, api_key)
+        if version is None:
+            version = route.pick(routing_key)
+            lv = table.loaded.get((model, version)) if version is not None else None
+            if lv is None:
+                raise ModelNotReady(f"model '{model}' has no ready version serving traffic",
+                                    retry_after=1)
+        else:
+            lv = table.loaded.get((model, version))
+            if lv is None:
+                self.resolve(model, version)  # raises the right 404 / 503
+        try:
+            feeds = validate_inputs(request.inputs, lv.signature, lv.max_batch_size)
+            if request.outputs:
+                validate_outputs([o.name for o in request.outputs], lv.signature)
+        except InvalidInput:
+            lv.stats.record_failure(0)
+            raise
+        try:
+            outputs = await lv.batcher.infer(feeds)
+        except ServingError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the runtime's own error types
+            raise _runtime_error(model, lv.version, exc) from None
+        body, headers = encode_infer_response(
+            model_name=model, model_version=lv.version, request_id=request.id,
+            outputs=outputs, requested=request.outputs, binary_output=request.binary_output,
+            batched=lv.batched)
+        if route.shadow is not None and route.shadow != lv.version:
+            self._spawn(self._shadow(model, route.shadow, feeds, outputs))
+        return body, headers, lv
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _shadow(self, model: str, version: str, feeds: dict, live: dict) -> None:
+        """Fire-and-forget copy to the shadow version: recorded, never returned."""
+        stats = self.shadow.get(model)
+        if stats is None or stats.version != version:
+            stats = self.shadow[model] = ShadowStats(version)
+        stats.requests += 1
+        started = perf_counter_ns()
+        try:
+            lv = self.table.loaded.get((model, version))
+            if lv is None:
+                raise ModelNotReady(f"shadow version '{version}' is not loaded")
+            feeds = validate_inputs(
+                [_Fed(n, a) for n, a in feeds.items()], lv.signature,
+                lv.max_batch_size)
+            out = await lv.batcher.infer(feeds)
+        except Exception as exc:  # noqa: BLE001 - a shadow failure is data, not an error
+            stats.errors += 1
+            stats.last_error = str(exc)[:300]
+            return
+        stats.latency_ns += perf_counter_ns() - started
+        for name, a in live.items():
+            b = out.get(name)
+            if b is None or a.shape != b.shape or a.dtype.kind not in "biuf" or not a.size:
+                continue
+            diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+            if math.isfinite(diff) and diff > stats.max_abs_diff:
+                stats.max_abs_diff = diff
+            if a.ndim >= 1:
+                rows = a.reshape(a.shape[0], -1) if a.ndim >= 2 else a.reshape(1, -1)
+                other = b.reshape(rows.shape)
+                stats.compared_rows += rows.shape[0]
+                stats.argmax_agree += int(np.sum(rows.argmax(1) == other.argmax(1)))
+            break  # the first comparable output decides agreement
+
+    # -- statistics and repository -----------------------------------------------------------
+
+    def model_stats(self, model: str | None, version: str | None) -> dict:
+        table = self.table
+        if model is None:
+            lvs = [table.loaded[k] for k in sorted(table.loaded)]
+        elif version is not None:
+            lvs = [self.resolve(model, version)]
+        else:
+            self._route(model)
+            lvs = table.versions_of(model)
+        answer: dict[str, Any] = {"model_stats": [lv.stats.to_triton() for lv in lvs]}
+        if model is not None and model in self.shadow:
+            answer["shadow"] = self.shadow[model].to_json()
+        return answer
+
+    def all_stats(self) -> list[VersionStats]:
+        return [lv.stats for lv in self.table.loaded.values()]
+
+    def repository_index(self, ready_only: bool = False) -> list[dict]:
+        table = self.table
+        keys = set(table.status) | set(table.loaded) | set(self.loading)
+        index = []
+        for model, version in sorted(keys):
+            if (model, version) in table.loaded:
+                index.append({"name": model, "version": version, "state": "READY", "reason": ""})
+            elif (model, version) in self.loading:
+                if not ready_only:
+                    index.append({"name": model, "version": version, "state": "LOADING",
+                                  "reason": "loading"})
+            elif not ready_only:
+                state, reason = table.status[(model, version)]
+                index.append({"name": model, "version": version,
+                              "state": "LOADING" if state == "LOADING" else "UNAVAILABLE",
+                              "reason": reason or state})
+        return index
+
+    async def repository_action(self, action: str, model: str,
+                                authorization: str | None = None) -> None:
+        """Load/unload go through the registry (audited, authorised): call its hook."""
+        hook = getattr(self.source, f"request_{action}", None)
+        if hook is None:
+            raise NotSupported(
+                f"{action} of model '{model}' is not offered by this replica: its models come "
+                "from a model repository folder (edit the folder) or from the registry "
+                "(use the console or its REST API)")
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, hook, model, authorization)
+        except ServingError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a registry error carries its own status
+            status = getattr(exc, "status", None)
+            if status in (401, 403, 404, 409):
+                error = ServingError(f"{action} of model '{model}' refused: {exc}")
+                error.status = status
+                raise error from None
+            if not isinstance(exc, LookupError):
+                raise InvalidInput(f"{action} of model '{model}' refused: {exc}") from None
+            raise ModelNotFound(str(exc) or f"unknown model '{model}'") from None
+        if self.on_repository_change is not None:
+            await self.on_repository_change()
+
+class _Fed:
+    """Adapter so validate_inputs can re-check already-decoded feeds for the shadow."""
+
+    __slots__ = ("name", "datatype", "array")
+
+    def __init__(self, name: str, array: np.ndarray) -> None:
+        self.name = name
+        self.array = array
+        self.datatype = datatype_of(array)
+
+
+def triton_model_config(
+    *, name: str, signature: dict, max_batch_size: int, preferred_batch_sizes, max_queue_delay_us:
+    int, max_queue_size: int, instance_count: int, kind: str, versions: list,
+    providers: list[str] | None = None,
+) -> dict:
+    """Triton's model configuration (its JSON form) from a v2 signature and batching settings.
+
+    Pure, so `/config` here and the registry's Triton export build the same document. With
+    `max_batch_size` > 0 the dims exclude the batch dimension, as Triton's do.
+    """
+    mbs = max_batch_size
+
+    def tensor(t: dict) -> dict:
+        shape = list(t["shape"] or [-1])
+        dt = t["datatype"]
+        return {"name": t["name"], "data_type": "TYPE_" + _TRITON_TYPES.get(dt, dt),
+                "dims": shape[1:] if mbs else shape}
+
+    config: dict[str, Any] = {
+        "name": name,
+        "platform": "onnxruntime_onnx",
+        "backend": "onnxruntime",
+        "version_policy": {"specific": {"versions": list(versions)}},
+        "max_batch_size": mbs,
+        "input": [tensor(t) for t in signature["inputs"]],
+        "output": [tensor(t) for t in signature["outputs"]],
+        "instance_group": [{"name": name, "kind": kind, "count": max(1, instance_count)}],
+        "default_model_filename": "model.onnx",
+    }
+    if providers is not None:
+        config["parameters"] = {"providers": {"string_value": ",".join(providers)}}
+    if mbs:
+        config["dynamic_batching"] = {
+            "preferred_batch_size": list(preferred_batch_sizes),
+            "max_queue_delay_microseconds": max_queue_delay_us,
+            "default_queue_policy": {"max_queue_size": max_queue_size},
+        }
+    return config
+
+
+def version_order(version: str) -> tuple[int, int, str]:
+    """Numeric versions first, in numeric order; then the others by name."""
+    return (0, int(version), "") if version.isdigit() else (1, 0, version)
+
+
+def _default_version(route: ModelRoute) -> str | None:
+    if route.live_color:
+        return route.blue if route.live_color == "blue" else route.green
+    return route.stable or route.candidate
+
+
+def _meta_tensor(t: dict) -> dict:
+    return {"name": t["name"], "datatype": t["datatype"],
+            "shape": t["shape"] if t["shape"] is not None else [-1]}
+
+
+def _runtime_error(model: str, version: str, exc: Exception) -> ServingError:
+    """onnxruntime refusing the values it was given is the client's error; the rest is ours.
+    Rendered as typed errors so a bad request never writes a traceback to the log."""
+    text = str(exc)
+    message = f"model '{model}' version '{version}' failed: {text[:500]}"
+    if "INVALID_ARGUMENT" in text or type(exc).__name__ in ("InvalidArgument", "ValueError"):
+        return InvalidInput(message)
+    return ServerFault(message)
+
+
+def _authorize(route: ModelRoute, api_key: str | None) -> None:
+    if not api_key:
+        raise Unauthorized(f"model '{route.model}' needs an API key "
+                           "(Authorization: Bearer <key> or X-Api-Key)")
+    if api_key_hash(api_key) not in route.api_key_hashes:
+        raise Unauthorized(f"API key not accepted for model '{route.model}'")

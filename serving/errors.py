@@ -1,0 +1,76 @@
+"""Typed data-plane errors, rendered once into the protocol's `{"error": "..."}` body.
+
+Code below the HTTP layer raises these; the HTTP layer only reads `status`, `headers` and
+`body()`, so every front (REST, /invocations, a future gRPC) answers the same way.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+
+class ServingError(Exception):
+    """Base of every error a client may see; `status` 500 unless a subclass says otherwise."""
+
+    status: int = 500
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers: dict[str, str] = dict(headers or {})
+
+    def body(self) -> bytes:
+        """The protocol's error body: a JSON object whose only key names what went wrong."""
+        return orjson.dumps({"error": self.message})
+
+
+class InvalidInput(ServingError):
+    """Malformed request: bad JSON, unknown or missing input, wrong datatype or shape."""
+
+    status = 400
+
+
+class Unauthorized(ServingError):
+    """Missing or wrong API key for a protected model."""
+
+    status = 401
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message, headers={"WWW-Authenticate": "Bearer", **(headers or {})})
+
+
+class ModelNotFound(ServingError):
+    """Unknown model or version; the message names which."""
+
+    status = 404
+
+
+class ModelNotReady(ServingError):
+    """The model exists but is not loaded (or is draining); clients may retry."""
+
+    status = 503
+
+    def __init__(
+        self, message: str, *, retry_after: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        extra = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+        super().__init__(message, headers={**extra, **(headers or {})})
+
+
+class QueueFull(ServingError):
+    """The version's batcher queue is at its limit; `Retry-After` tells clients when to retry."""
+
+    status = 503
+
+    def __init__(
+        self, message: str, *, retry_after: int = 1, headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after), **(headers or {})})
+        self.retry_after = retry_after
+
+
+class ServerFault(ServingError):
+    """A genuine server-side failure (the runtime raised, a bug); never the client's fault."""
+
+    status = 500

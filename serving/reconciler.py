@@ -1,0 +1,298 @@
+"""Desired → observed: follow a DesiredStateSource, load and warm what it names (off the event
+loop), swap one route-table reference, drain and unload what no route uses any more.
+
+Everything that can block (the source's database or folder, hashing, onnxruntime session
+creation and warm-up) runs in worker threads; the event loop only swaps references. If the
+source raises, the replica keeps serving its last table and says why (degraded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from serving.batching import DynamicBatcher
+from serving.dataplane import DataPlane, LoadedVersion, RouteTable
+from serving.routes import DesiredState, DesiredStateSource, ModelRoute, ObservedState, VersionSpec
+from serving.runtime import OnnxRuntime, select_providers
+from serving.signature import batch_dimension
+from serving.stats import VersionStats
+
+log = logging.getLogger(__name__)
+
+
+class LoadFailed(Exception):
+    """A version could not be verified, loaded or warmed up; the message is the reason."""
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_version(spec: VersionSpec, *, intra_op_threads: int = 0,
+                 providers: list[str] | None = None) -> LoadedVersion:
+    """Verify, load and warm one version (blocking; call from a worker thread)."""
+    if spec.signature.get("error"):
+        raise LoadFailed(spec.signature["error"])
+    if not os.path.isfile(spec.artifact_path):
+        raise LoadFailed(f"artifact {spec.artifact_path} does not exist")
+    if spec.sha256:
+        actual = _sha256(spec.artifact_path)
+        if actual != spec.sha256:
+            raise LoadFailed(f"artifact sha256 mismatch: expected {spec.sha256}, "
+                             f"file has {actual}")
+    batched = spec.batching.max_batch_size > 0 and batch_dimension(spec.signature)
+    config = spec.batching if batched else dataclasses.replace(spec.batching, max_batch_size=0)
+    try:
+        runtime = OnnxRuntime(
+            spec.artifact_path, providers=select_providers(providers),
+            intra_op_threads=spec.intra_op_threads or intra_op_threads,
+            graph_optimization_level=spec.graph_optimization_level,
+            instance_count=config.instance_count,
+        ).load()
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+        raise LoadFailed(f"onnxruntime could not load it: {exc}") from None
+    sizes = (1, config.max_batch_size) if config.max_batch_size > 1 else (1,)
+    try:
+        runtime.warmup(spec.signature, batch_sizes=sizes)
+    except Exception as exc:  # noqa: BLE001
+        runtime.unload()
+        raise LoadFailed(f"warm-up failed: {exc}") from None
+    stats = VersionStats(spec.model, spec.version)
+    batcher = DynamicBatcher(runtime.predict, config, stats)
+    return LoadedVersion(spec=spec, runtime=runtime, batcher=batcher, stats=stats,
+                         max_batch_size=config.max_batch_size)
+
+
+class Reconciler:
+    """Keeps a DataPlane's route table following one source."""
+
+    def __init__(
+        self, source: DesiredStateSource, dataplane: DataPlane, *, poll_seconds: float = 1.0,
+        heartbeat_seconds: float = 2.0, intra_op_threads: int = 0,
+        providers: list[str] | None = None, load_workers: int = 2,
+    ) -> None:
+        self.source = source
+        self.dataplane = dataplane
+        self.poll_seconds = poll_seconds
+        self.heartbeat_seconds = heartbeat_seconds
+        self.intra_op_threads = intra_op_threads
+        self.providers = providers or None
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="mmc-source")
+        self._loader = ThreadPoolExecutor(load_workers, thread_name_prefix="mmc-load")
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._draining: set[asyncio.Task] = set()
+        self._loading: dict[tuple[str, str], VersionSpec] = {}
+        self._failed: dict[tuple[str, str], tuple[VersionSpec, str]] = {}
+        self._seen_revision: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        dataplane.source = source
+        dataplane.on_repository_change = self.reconcile
+        dataplane.loading = self._loading
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Subscribe and start the loops; the first reconcile runs at once in the poll loop,
+        in the background, so the process is live while its models load."""
+        self._loop = asyncio.get_running_loop()
+        try:
+            await self._call(self.source.subscribe, self._notify)
+        except Exception as exc:  # noqa: BLE001 - polling still works without push
+            log.warning("could not subscribe to route revisions: %s", exc)
+        self._tasks = [asyncio.create_task(self._poll_loop()),
+                       asyncio.create_task(self._heartbeat_loop())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        table = self.dataplane.table
+        for lv in table.loaded.values():
+            lv.batcher.close()
+            lv.runtime.unload()
+        self._io.shutdown(wait=False, cancel_futures=True)
+        self._loader.shutdown(wait=False, cancel_futures=True)
+
+    def _notify(self, revision: int | None = None) -> None:
+        """Source push (any thread): wake the poll loop now."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake.set)
+
+    async def _call(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await self.reconcile()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_seconds)
+            await self.heartbeat()
+
+    # -- one reconcile -----------------------------------------------------------------------
+
+    async def reconcile(self, *, force: bool = False) -> bool:
+        """Converge on the source's newest revision; True when a new table was installed.
+        Never raises for a source failure: that marks the replica degraded instead."""
+        async with self._lock:
+            try:
+                revision = await self._call(self.source.revision)
+                if not force and revision == self._seen_revision:
+                    self._set_degraded(None)
+                    return False
+                desired: DesiredState = await self._call(self.source.fetch)
+            except Exception as exc:  # noqa: BLE001 - DB/Redis/folder down: keep serving
+                self._set_degraded(f"route source unavailable: {type(exc).__name__}: {exc}")
+                return False
+            self._set_degraded(None)
+            await self._apply(desired)
+            self._seen_revision = revision
+        await self.heartbeat()
+        return True
+
+    async def _apply(self, desired: DesiredState) -> None:
+        old = self.dataplane.table
+        loop = asyncio.get_running_loop()
+        to_load = []
+        for key, spec in desired.versions.items():
+            have = old.loaded.get(key)
+            if have is not None and have.spec == spec:
+                continue
+            failed = self._failed.get(key)
+            if failed is not None and failed[0] == spec:
+                continue  # the same artifact and settings failed before: do not retry
+            to_load.append(spec)
+
+        async def load(spec: VersionSpec) -> tuple[VersionSpec, LoadedVersion | str]:
+            self._loading[spec.key] = spec
+            try:
+                return spec, await loop.run_in_executor(
+                    self._loader, lambda: load_version(
+                        spec, intra_op_threads=self.intra_op_threads, providers=self.providers))
+            except LoadFailed as exc:
+                return spec, str(exc)
+            except Exception as exc:  # noqa: BLE001 - any failure is that version's alone
+                return spec, f"{type(exc).__name__}: {exc}"
+            finally:
+                self._loading.pop(spec.key, None)
+
+        results = await asyncio.gather(*(load(s) for s in to_load))
+        fresh: dict[tuple[str, str], LoadedVersion] = {}
+        for spec, outcome in results:
+            if isinstance(outcome, str):
+                self._failed[spec.key] = (spec, outcome)
+                log.warning("model %s version %s FAILED: %s", spec.model, spec.version, outcome)
+            else:
+                self._failed.pop(spec.key, None)
+                fresh[spec.key] = outcome
+
+        loaded: dict[tuple[str, str], LoadedVersion] = {}
+        for key, spec in desired.versions.items():
+            if key in fresh:
+                loaded[key] = fresh[key]
+            elif key in old.loaded and old.loaded[key].spec == spec:
+                loaded[key] = old.loaded[key]
+        routes: dict[str, ModelRoute] = {}
+        for name, route in desired.routes.items():
+            routes[name] = self._routable(route, loaded, old, name)
+            for v in routes[name].versions():  # a kept old route keeps its versions loaded
+                if (name, v) not in loaded and (name, v) in old.loaded:
+                    loaded[(name, v)] = old.loaded[(name, v)]
+        status: dict[tuple[str, str], tuple[str, str | None]] = {}
+        for key in desired.versions:
+            if key in loaded:
+                status[key] = ("READY", None)
+            elif key in self._failed:
+                status[key] = ("FAILED", self._failed[key][1])
+            else:
+                status[key] = ("UNAVAILABLE", "not loaded")
+        for key in set(self._failed) - set(desired.versions):
+            del self._failed[key]
+
+        self.dataplane.table = RouteTable(desired.revision, routes, loaded, status)  # the swap
+        self.dataplane.started = True
+        keep = {id(lv) for lv in loaded.values()}
+        for lv in old.loaded.values():
+            if id(lv) not in keep:
+                task = loop.create_task(self._retire(lv))
+                self._draining.add(task)
+                task.add_done_callback(self._draining.discard)
+
+    @staticmethod
+    def _routable(route: ModelRoute, loaded: dict, old: RouteTable, name: str) -> ModelRoute:
+        """Never route to a version that is not loaded: keep the previous route if it still
+        works, else drop the failed side (a failed candidate gets no traffic)."""
+        if all((name, v) in loaded for v in route.serving_versions()):
+            return route
+        previous = old.routes.get(name)
+        if previous is not None and all(
+                (name, v) in old.loaded for v in previous.serving_versions()
+        ) and previous.serving_versions():
+            return previous
+        changes: dict = {}
+        if route.candidate and (name, route.candidate) not in loaded:
+            changes.update(candidate=None, candidate_weight=0)
+        return dataclasses.replace(route, **changes) if changes else route
+
+    async def _retire(self, lv: LoadedVersion) -> None:
+        """Let in-flight requests finish, then release the session."""
+        try:
+            await lv.batcher.drain()
+        finally:
+            lv.batcher.close()
+            lv.runtime.unload()
+
+    # -- observed state ----------------------------------------------------------------------
+
+    def _set_degraded(self, reason: str | None) -> None:
+        if reason != self.dataplane.degraded:
+            if reason:
+                log.warning("serving degraded: %s", reason)
+            else:
+                log.info("route source reachable again")
+        self.dataplane.degraded = reason
+
+    def observed(self) -> ObservedState:
+        table = self.dataplane.table
+        versions: dict[str, dict] = {}
+        for (model, version), lv in table.loaded.items():
+            versions[f"{model}:{version}"] = {
+                "state": "READY", "reason": None, "providers": list(lv.runtime.providers),
+                "queue_depth": lv.batcher.queue_depth, "stats": lv.stats.snapshot()}
+        for model, shadow in self.dataplane.shadow.items():
+            key = f"{model}:{shadow.version}"
+            if key in versions:
+                versions[key]["shadow"] = shadow.to_json()
+        for (model, version), (_spec, reason) in self._failed.items():
+            versions.setdefault(f"{model}:{version}", {
+                "state": "FAILED", "reason": reason, "providers": [], "queue_depth": 0})
+        for (model, version) in self._loading:
+            versions.setdefault(f"{model}:{version}", {
+                "state": "LOADING", "reason": None, "providers": [], "queue_depth": 0})
+        return ObservedState(replica=self.dataplane.replica, revision=table.revision,
+                             versions=versions, degraded=self.dataplane.degraded)
+
+    async def heartbeat(self) -> None:
+        try:
+            await self._call(self.source.report, self.observed())
+        except Exception as exc:  # noqa: BLE001
+            self._set_degraded(f"cannot report to route source: {type(exc).__name__}: {exc}")

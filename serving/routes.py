@@ -1,0 +1,135 @@
+"""Desired state as the data plane sees it: immutable snapshots built by a source (the registry),
+and the per-request version picker. Nothing here touches Django or the network."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import zlib
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+def api_key_hash(raw: str) -> str:
+    """How a predict key is stored by the registry and checked by replicas: one definition, so
+    the two planes can never disagree."""
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """Dynamic batching for one version. max_batch_size 0 = the model has no batch dimension."""
+
+    max_batch_size: int = 0
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+    max_queue_size: int = 256
+    instance_count: int = 1
+
+
+@dataclass(frozen=True)
+class VersionSpec:
+    """Everything a replica needs to load one model version, without asking anyone else."""
+
+    model: str
+    version: str
+    artifact_path: str
+    sha256: str
+    signature: dict
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    intra_op_threads: int = 0
+    graph_optimization_level: str = "all"
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.model, self.version)
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    """Which versions of one model answer unpinned traffic, and with what share.
+
+    With live_color set, blue-green wins: the live slot takes all traffic. Otherwise the stable
+    takes (100 - candidate_weight) % and the candidate candidate_weight %. `warm` lists versions
+    kept loaded without traffic (the idle colour, the previous stable in its grace period).
+    """
+
+    model: str
+    stable: str | None = None
+    candidate: str | None = None
+    candidate_weight: int = 0
+    blue: str | None = None
+    green: str | None = None
+    live_color: str | None = None
+    shadow: str | None = None
+    warm: tuple[str, ...] = ()
+    api_key_hashes: frozenset[str] = frozenset()
+
+    def versions(self) -> set[str]:
+        """Every version this route needs loaded on a replica."""
+        vs = {self.stable, self.candidate, self.blue, self.green, self.shadow, *self.warm}
+        vs.discard(None)
+        return vs  # type: ignore[return-value]
+
+    def serving_versions(self) -> set[str]:
+        """Versions that may answer unpinned traffic right now."""
+        if self.live_color:
+            live = self.blue if self.live_color == "blue" else self.green
+            return {live} if live else set()
+        vs = set()
+        if self.stable and self.candidate_weight < 100:
+            vs.add(self.stable)
+        if self.candidate and self.candidate_weight > 0:
+            vs.add(self.candidate)
+        return vs
+
+    def pick(self, sticky_key: str | None = None, rnd: random.Random | None = None) -> str | None:
+        """Choose the version for one unpinned request; the same sticky key always gets the
+        same side of the split (crc32 bucket), so A/B comparisons stay clean."""
+        if self.live_color:
+            return self.blue if self.live_color == "blue" else self.green
+        if self.candidate and self.candidate_weight > 0:
+            if sticky_key is not None:
+                bucket = zlib.crc32(sticky_key.encode()) % 100
+            else:
+                bucket = (rnd or random).randrange(100)
+            if bucket < self.candidate_weight or not self.stable:
+                return self.candidate
+        return self.stable
+
+
+@dataclass(frozen=True)
+class DesiredState:
+    """One route revision: all routes and all version specs they reference."""
+
+    revision: int
+    routes: dict[str, ModelRoute]
+    versions: dict[tuple[str, str], VersionSpec]
+
+
+@dataclass
+class ObservedState:
+    """What one replica actually runs, reported as its heartbeat."""
+
+    replica: str
+    revision: int
+    # "model:version" -> {"state": READY|LOADING|FAILED, "reason", "providers", "queue_depth",
+    # "stats": VersionStats.snapshot(), "shadow": ShadowStats of a shadow version}
+    versions: dict[str, dict]
+    degraded: str | None = None
+
+
+class DesiredStateSource(Protocol):
+    """Where a replica learns what to run (the registry) and reports what it runs."""
+
+    def revision(self) -> int:
+        """The newest route revision; cheap, called on every poll."""
+
+    def fetch(self) -> DesiredState:
+        """The full desired state at its newest revision, read consistently."""
+
+    def report(self, observed: ObservedState) -> None:
+        """Store this replica's heartbeat."""
+
+    def subscribe(self, callback) -> None:
+        """Call callback(revision) when a new revision is published (best effort)."""

@@ -1,0 +1,155 @@
+"""Desired-state sources that need no database: a Triton-like model repository folder.
+
+    <root>/<model>/<version>/model.onnx
+    <root>/<model>/config.json          (optional)
+
+config.json keys (all optional): max_batch_size, preferred_batch_sizes, max_queue_delay_us,
+max_queue_size, instance_count, intra_op_threads, stable (default: the highest version),
+candidate + candidate_weight, shadow, api_key_sha256 (list of hex digests). Every version found
+is loaded (pinnable); unpinned traffic goes to the stable (and candidate). Load/unload through
+the v2 repository API is not offered: edit the folder (or use the registry).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import onnx
+import orjson
+
+from serving.routes import BatchingConfig, DesiredState, ModelRoute, ObservedState, VersionSpec
+from serving.signature import batch_dimension, extract_signature
+
+#: Used when config.json does not say: batch up to this many rows if the model can batch.
+DEFAULT_MAX_BATCH_SIZE = 32
+_MODEL_FILE = "model.onnx"
+
+
+def _version_order(name: str) -> tuple[int, int | str]:
+    return (0, int(name)) if name.isdigit() else (1, name)
+
+
+class RepositorySource:
+    """A DesiredStateSource over a folder; its revision is the newest mtime (ns) in the tree,
+    so adding a version, editing config.json or replacing a file is a new revision."""
+
+    def __init__(self, path: str | os.PathLike, *, intra_op_threads: int = 0) -> None:
+        self.root = Path(path)
+        self.intra_op_threads = intra_op_threads
+        self.observed: ObservedState | None = None  # the last heartbeat, for tests and debugging
+        self._cache: dict[tuple[str, int, int], tuple[str, dict]] = {}
+        self._lock = threading.Lock()
+
+    # -- DesiredStateSource ------------------------------------------------------------------
+
+    def revision(self) -> int:
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"model repository {self.root} does not exist")
+        newest = self.root.stat().st_mtime_ns
+        for model_dir in self._dirs(self.root):
+            newest = max(newest, model_dir.stat().st_mtime_ns)
+            for entry in model_dir.iterdir():
+                newest = max(newest, entry.stat().st_mtime_ns)
+                if entry.is_dir():
+                    model_file = entry / _MODEL_FILE
+                    if model_file.exists():
+                        newest = max(newest, model_file.stat().st_mtime_ns)
+        return newest // 1000  # µs: JSON-safe for dashboards, still monotonic
+
+    def fetch(self) -> DesiredState:
+        revision = self.revision()
+        routes: dict[str, ModelRoute] = {}
+        versions: dict[tuple[str, str], VersionSpec] = {}
+        for model_dir in self._dirs(self.root):
+            model = model_dir.name
+            config = self._config(model_dir)
+            found = sorted(
+                (d.name for d in self._dirs(model_dir) if (d / _MODEL_FILE).is_file()),
+                key=_version_order,
+            )
+            if not found:
+                continue
+            for version in found:
+                versions[(model, version)] = self._spec(model, version, model_dir, config)
+            stable = str(config.get("stable") or found[-1])
+            candidate = config.get("candidate")
+            shadow = config.get("shadow")
+            referenced = {stable, candidate, shadow} - {None}
+            routes[model] = ModelRoute(
+                model=model,
+                stable=stable,
+                candidate=str(candidate) if candidate is not None else None,
+                candidate_weight=int(config.get("candidate_weight", 0)),
+                shadow=str(shadow) if shadow is not None else None,
+                warm=tuple(v for v in found if v not in referenced),
+                api_key_hashes=frozenset(config.get("api_key_sha256", ())),
+            )
+        return DesiredState(revision=revision, routes=routes, versions=versions)
+
+    def report(self, observed: ObservedState) -> None:
+        self.observed = observed
+
+    def subscribe(self, callback) -> None:
+        """No push channel for a folder: the reconciler's poll notices changes."""
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _dirs(path: Path) -> list[Path]:
+        return sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    @staticmethod
+    def _config(model_dir: Path) -> dict:
+        path = model_dir / "config.json"
+        if not path.is_file():
+            return {}
+        try:
+            config = orjson.loads(path.read_bytes())
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        if type(config) is not dict:
+            raise ValueError(f"{path}: must hold a JSON object")
+        return config
+
+    def _spec(self, model: str, version: str, model_dir: Path, config: dict) -> VersionSpec:
+        path = model_dir / version / _MODEL_FILE
+        sha256, signature = self._describe(path)
+        max_batch = config.get("max_batch_size")
+        if max_batch is None:
+            max_batch = DEFAULT_MAX_BATCH_SIZE if batch_dimension(signature) else 0
+        batching = BatchingConfig(
+            max_batch_size=int(max_batch),
+            preferred_batch_sizes=tuple(int(b) for b in config.get("preferred_batch_sizes", ())),
+            max_queue_delay_us=int(config.get("max_queue_delay_us", 0)),
+            max_queue_size=int(config.get("max_queue_size", BatchingConfig.max_queue_size)),
+            instance_count=int(config.get("instance_count", 1)),
+        )
+        return VersionSpec(
+            model=model, version=version, artifact_path=str(path), sha256=sha256,
+            signature=signature, batching=batching,
+            intra_op_threads=int(config.get("intra_op_threads", self.intra_op_threads)),
+        )
+
+    def _describe(self, path: Path) -> tuple[str, dict]:
+        """sha256 and signature of one file, cached by (path, mtime, size): polls stay cheap.
+
+        A file onnx cannot parse gets a signature naming the error, so the reconciler reports
+        that version FAILED instead of the whole repository failing."""
+        st = path.stat()
+        key = (str(path), st.st_mtime_ns, st.st_size)
+        with self._lock:
+            cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        data = path.read_bytes()
+        sha256 = hashlib.sha256(data).hexdigest()
+        try:
+            signature = extract_signature(onnx.load_from_string(data))
+        except Exception as exc:  # noqa: BLE001 - protobuf/onnx raise many types
+            signature = {"inputs": [], "outputs": [], "error": f"cannot read {path}: {exc}"}
+        with self._lock:
+            self._cache[key] = (sha256, signature)
+        return sha256, signature

@@ -1,0 +1,289 @@
+"""Per-version serving statistics: Triton's statistics extension, a latency histogram for
+dashboards and canary analysis, and a Prometheus collector that reads both at scrape time.
+
+The hot path is plain attribute increments done on the event loop by the batcher (one call per
+batch, not per request), so nothing here takes a lock. Prometheus reads the same integers when it
+scrapes instead of us keeping a second copy in prometheus_client objects.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.utils import floatToGoString
+
+# Latency bucket upper bounds in seconds: 50 µs to 30 s, six steps per decade (1, 1.5, 2, 3,
+# 5, 7.5) so a quantile read from buckets is within ~25 % of the truth; the last bucket is +Inf.
+_STEPS = (1.0, 1.5, 2.0, 3.0, 5.0, 7.5)
+LATENCY_BUCKETS_S: tuple[float, ...] = tuple(
+    b for b in (round(s * 10.0**e, 9) for e in range(-5, 2) for s in _STEPS) if 50e-6 <= b <= 30.0
+)
+_BOUNDS_NS: list[int] = [round(b * 1e9) for b in LATENCY_BUCKETS_S]
+
+
+def quantile_from_buckets(
+    bounds_s: Sequence[float], counts: Sequence[int], q: float
+) -> float | None:
+    """The q-quantile (0..1) in seconds from per-bucket counts (len(bounds) + 1, the last being
+    +Inf), interpolating linearly inside the bucket; None when there are no observations.
+
+    A module function so a dashboard can compute quantiles from the difference of two snapshots.
+    """
+    total = sum(counts)
+    if total == 0:
+        return None
+    rank = min(max(q, 0.0), 1.0) * total
+    seen = 0
+    for i, c in enumerate(counts):
+        if c and seen + c >= rank:
+            if i >= len(bounds_s):  # beyond the last bound: the best we can say is that bound
+                return float(bounds_s[-1])
+            lo = bounds_s[i - 1] if i else 0.0
+            hi = bounds_s[i]
+            return lo + (hi - lo) * max(rank - seen, 0.0) / c
+        seen += c
+    return float(bounds_s[-1])
+
+
+class VersionStats:
+    """Cumulative counters for one loaded model version (Triton statistics extension names).
+
+    Request-level stats (success, fail, queue, compute_*) count requests, and like Triton each
+    request of a batch is charged the whole batch's compute time; `inference_count` counts rows
+    and `execution_count` model runs, so their ratio is the achieved batch size.
+    """
+
+    __slots__ = (
+        "model", "version", "last_inference_ms",
+        "success_count", "success_ns", "fail_count", "fail_ns", "queue_count", "queue_ns",
+        "compute_input_count", "compute_input_ns", "compute_infer_count", "compute_infer_ns",
+        "compute_output_count", "compute_output_ns", "inference_count", "execution_count",
+        "batch_stats", "pending", "latency_counts", "latency_sum_ns",
+    )
+
+    def __init__(self, model: str, version: str) -> None:
+        self.model = model
+        self.version = version
+        self.last_inference_ms = 0
+        self.success_count = self.success_ns = 0
+        self.fail_count = self.fail_ns = 0
+        self.queue_count = self.queue_ns = 0
+        self.compute_input_count = self.compute_input_ns = 0
+        self.compute_infer_count = self.compute_infer_ns = 0
+        self.compute_output_count = self.compute_output_ns = 0
+        self.inference_count = 0
+        self.execution_count = 0
+        # batch size (rows) -> [executions, input_ns, infer_ns, output_ns]
+        self.batch_stats: dict[int, list[int]] = {}
+        self.pending = 0  # requests queued and not yet executing (set by the batcher)
+        self.latency_counts: list[int] = [0] * (len(_BOUNDS_NS) + 1)
+        self.latency_sum_ns = 0
+
+    # -- recording (hot path) -------------------------------------------------------------
+
+    def record_execution(
+        self, requests: int, rows: int, input_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
+        """One model run that served `requests` requests with `rows` rows in total."""
+        self.execution_count += 1
+        self.inference_count += rows
+        self.compute_input_count += requests
+        self.compute_input_ns += input_ns * requests
+        self.compute_infer_count += requests
+        self.compute_infer_ns += infer_ns * requests
+        self.compute_output_count += requests
+        self.compute_output_ns += output_ns * requests
+        b = self.batch_stats.get(rows)
+        if b is None:
+            self.batch_stats[rows] = [1, input_ns, infer_ns, output_ns]
+        else:
+            b[0] += 1
+            b[1] += input_ns
+            b[2] += infer_ns
+            b[3] += output_ns
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_queue(self, queue_ns: int) -> None:
+        """Time one request waited between arrival and the start of its batch."""
+        self.queue_count += 1
+        self.queue_ns += queue_ns
+
+    def record_success(self, duration_ns: int) -> None:
+        """A request answered: its end-to-end duration goes to the counters and the histogram."""
+        self.success_count += 1
+        self.success_ns += duration_ns
+        self.latency_counts[bisect_left(_BOUNDS_NS, duration_ns)] += 1
+        self.latency_sum_ns += duration_ns
+
+    def record_failure(self, duration_ns: int = 0) -> None:
+        """A request that failed anywhere (validation, queue full, model error)."""
+        self.fail_count += 1
+        self.fail_ns += duration_ns
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def quantile(self, q: float) -> float | None:
+        """The q-quantile (0..1) of successful request latency in seconds since start."""
+        return quantile_from_buckets(LATENCY_BUCKETS_S, self.latency_counts, q)
+
+    def snapshot(self) -> dict:
+        """Plain cumulative numbers; a dashboard diffs two snapshots to get a window's count,
+        error rate and latency buckets (feed the diff to quantile_from_buckets).
+
+        `latency_buckets` counts successful requests only, per bucket (not cumulative), with
+        one more entry than `bucket_bounds_s` for +Inf.
+        """
+        return {
+            "model": self.model,
+            "version": self.version,
+            "at": time.time(),
+            "count": self.success_count + self.fail_count,
+            "errors": self.fail_count,
+            "rows": self.inference_count,
+            "executions": self.execution_count,
+            "latency_sum_s": self.latency_sum_ns / 1e9,
+            "bucket_bounds_s": list(LATENCY_BUCKETS_S),
+            "latency_buckets": list(self.latency_counts),
+        }
+
+    def to_triton(self) -> dict:
+        """One entry of `model_stats` in the statistics extension's answer (PROTOCOL.md §4)."""
+
+        def d(count: int, ns: int) -> dict:
+            return {"count": count, "ns": ns}
+
+        return {
+            "name": self.model,
+            "version": self.version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": d(self.success_count, self.success_ns),
+                "fail": d(self.fail_count, self.fail_ns),
+                "queue": d(self.queue_count, self.queue_ns),
+                "compute_input": d(self.compute_input_count, self.compute_input_ns),
+                "compute_infer": d(self.compute_infer_count, self.compute_infer_ns),
+                "compute_output": d(self.compute_output_count, self.compute_output_ns),
+            },
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": d(b[0], b[1]),
+                    "compute_infer": d(b[0], b[2]),
+                    "compute_output": d(b[0], b[3]),
+                }
+                for size, b in sorted(self.batch_stats.items())
+            ],
+        }
+
+
+# -- Prometheus ------------------------------------------------------------------------------
+
+# Triton's counter names (no `_total` suffix: existing Triton dashboards query these exact
+# names) -> (help text, function reading the value from VersionStats).
+_TRITON_COUNTERS: dict[str, tuple[str, Callable[[VersionStats], float]]] = {
+    "nv_inference_request_success": (
+        "Number of successful inference requests, all batch sizes", lambda s: s.success_count),
+    "nv_inference_request_failure": (
+        "Number of failed inference requests, all batch sizes", lambda s: s.fail_count),
+    "nv_inference_count": (
+        "Number of inferences performed (rows)", lambda s: s.inference_count),
+    "nv_inference_exec_count": (
+        "Number of model executions performed", lambda s: s.execution_count),
+    "nv_inference_request_duration_us": (
+        "Cumulative inference request duration in microseconds",
+        lambda s: (s.success_ns + s.fail_ns) // 1000),
+    "nv_inference_queue_duration_us": (
+        "Cumulative inference queuing duration in microseconds", lambda s: s.queue_ns // 1000),
+    "nv_inference_compute_infer_duration_us": (
+        "Cumulative compute inference duration in microseconds",
+        lambda s: s.compute_infer_ns // 1000),
+}
+_LABELS = ("model", "version", "replica")
+# The classic text format every Prometheus version parses; our output uses only legacy names.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LE = [floatToGoString(b) for b in LATENCY_BUCKETS_S] + ["+Inf"]
+
+
+class ServingCollector:
+    """A prometheus_client collector reading every loaded version's VersionStats at scrape time.
+
+    `stats_provider` returns the VersionStats of the versions loaded right now, so an unloaded
+    version disappears from /metrics without anyone unregistering anything.
+    """
+
+    def __init__(self, replica: str, stats_provider: Callable[[], Iterable[VersionStats]]):
+        self.replica = replica
+        self.stats_provider = stats_provider
+
+    def describe(self) -> list[Metric]:
+        """Nothing up front: keeps registration from calling the provider before it is ready."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield Triton-named counters, the pending gauge and our latency histogram."""
+        all_stats = list(self.stats_provider())
+        counters = {name: Metric(name, doc, "counter")
+                    for name, (doc, _) in _TRITON_COUNTERS.items()}
+        pending = GaugeMetricFamily(
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution", labels=_LABELS)
+        hist = HistogramMetricFamily(
+            "mmc_inference_request_duration_seconds",
+            "Latency of successful inference requests, queue and compute included",
+            labels=_LABELS)
+        for s in all_stats:
+            labels = {"model": s.model, "version": s.version, "replica": self.replica}
+            values = [s.model, s.version, self.replica]
+            for name, (_, read) in _TRITON_COUNTERS.items():
+                # Exact sample name (no _total), as Triton exposes it.
+                counters[name].add_sample(name, labels, float(read(s)))
+            pending.add_metric(values, s.pending)
+            cumulative, running = [], 0
+            for le, c in zip(_LE, s.latency_counts, strict=True):
+                running += c
+                cumulative.append((le, running))
+            hist.add_metric(values, cumulative, s.latency_sum_ns / 1e9)
+        yield from counters.values()
+        yield pending
+        yield hist
+
+
+class _Only:
+    """A stand-in registry that yields a fixed list of metrics (for generate_latest)."""
+
+    def __init__(self, metrics: list[Metric]):
+        self._metrics = metrics
+
+    def collect(self) -> list[Metric]:
+        return self._metrics
+
+
+def _escape_label(v: str) -> str:
+    return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def render_metrics(registry) -> tuple[bytes, str]:
+    """The Prometheus text exposition of `registry` and its content type.
+
+    prometheus_client renames every counter to `<name>_total`; Triton's counters have no such
+    suffix and dashboards built for Triton query the bare names, so those are written here and
+    everything else goes through prometheus_client unchanged.
+    """
+    triton, rest = [], []
+    for m in registry.collect():
+        (triton if m.type == "counter" and m.name in _TRITON_COUNTERS else rest).append(m)
+    out: list[str] = []
+    for m in triton:
+        out.append(f"# HELP {m.name} {m.documentation}\n# TYPE {m.name} counter\n")
+        for s in m.samples:
+            labels = ",".join(f'{k}="{_escape_label(v)}"' for k, v in sorted(s.labels.items()))
+            value = int(s.value) if float(s.value).is_integer() else s.value
+            out.append(f"{s.name}{{{labels}}} {value}\n" if labels else f"{s.name} {value}\n")
+    body = "".join(out).encode() + generate_latest(_Only(rest))  # type: ignore[arg-type]
+    return body, CONTENT_TYPE

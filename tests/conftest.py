@@ -1,0 +1,185 @@
+"""Test harness for both modes. Embedded (default): SQLite + in-process worker. Clustered
+(DATABASE_URL=postgres..., REDIS_URL=redis...): a real Celery worker is started on the test
+database and stopped at the end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTERED = bool(os.environ.get("REDIS_URL"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Browser tests last: Playwright's sync API leaves an event loop on the main thread, which
+    would break later tests that call asyncio.run()."""
+    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
+
+
+def child_database_url() -> str:
+    """The URL of the database pytest-django created, for child processes."""
+    from django.db import connection
+
+    s = connection.settings_dict
+    if s["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{s['NAME']}"
+    auth = s["USER"] or "postgres"
+    if s.get("PASSWORD"):
+        auth += f":{s['PASSWORD']}"
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def child_env(**extra) -> dict:
+    env = {**os.environ, "DATABASE_URL": child_database_url(), "PYTHONUNBUFFERED": "1",
+           "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(REPO)}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+@pytest.fixture(scope="session", autouse=True)
+def celery_worker(django_db_setup, django_db_blocker):
+    """Clustered mode only: one real Celery worker process against the test database."""
+    if not CLUSTERED:
+        yield None
+        return
+    import redis
+
+    redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
+    log = open(Path(os.environ["MMC_DATA_DIR"]) / "celery.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "console", "worker", "--pool=threads",
+         "--concurrency=2", "--loglevel=INFO", "--without-gossip", "--without-mingle"],
+        cwd=REPO, env=child_env(), stdout=log, stderr=subprocess.STDOUT,
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if b"ready." in Path(log.name).read_bytes():
+            break
+        if proc.poll() is not None:
+            raise RuntimeError("celery worker exited: " + Path(log.name).read_text()[-2000:])
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        raise RuntimeError("celery worker did not start: " + Path(log.name).read_text()[-2000:])
+    yield proc
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def wait_background_idle(timeout: float = 30.0) -> None:
+    """Let queued validations finish, in-process or on the Celery worker."""
+    from registry.models import ModelVersion, VersionStatus
+    from registry.worker import wait_in_process
+
+    wait_in_process(timeout)
+    deadline = time.time() + timeout
+    busy = [VersionStatus.UPLOADED, VersionStatus.VALIDATING]
+    while time.time() < deadline and ModelVersion.objects.filter(status__in=busy).exists():
+        time.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+def background_work_settles(request):
+    """Before a transactional test's database is flushed, wait for the background work it
+    started: TRUNCATE against a worker holding row locks deadlocks on PostgreSQL."""
+    marker = request.node.get_closest_marker("django_db")
+    transactional = (marker is not None and marker.kwargs.get("transaction")) or any(
+        f in request.fixturenames for f in ("transactional_db", "live_server"))
+    if not transactional:
+        yield
+        return
+    request.getfixturevalue("transactional_db")  # so our teardown runs before its flush
+    yield
+    wait_background_idle()
+
+
+@pytest.fixture
+def users(transactional_db):
+    from django.contrib.auth.models import Group, User
+
+    from registry.services import ensure_roles
+
+    ensure_roles()
+    made = {}
+    for role in ("viewer", "engineer", "admin"):
+        user = User.objects.create_user(username=role, password=f"{role}-password-1")
+        user.groups.add(Group.objects.get(name=role))
+        made[role] = user
+    made["nobody"] = User.objects.create_user(username="nobody", password="nobody-password-1")
+    return made
+
+
+@pytest.fixture
+def client_for(users):
+    """client_for("engineer") -> an APIClient authenticated with a real API token."""
+    from rest_framework.test import APIClient
+
+    from registry.audit import Actor
+    from registry.services import token_create
+
+    def make(role: str | None):
+        client = APIClient()
+        if role is not None:
+            _, raw = token_create(username=users[role].username, name=f"{role}-ci",
+                                  actor=Actor.system("test"))
+            client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+        return client
+
+    return make
+
+
+@pytest.fixture
+def engineer(client_for):
+    return client_for("engineer")
+
+
+@pytest.fixture
+def admin(client_for):
+    return client_for("admin")
+
+
+def upload(client, model: str, data: bytes, filename: str = "model.onnx", metadata=None):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    payload = {"file": SimpleUploadedFile(filename, data)}
+    if metadata is not None:
+        import json
+
+        payload["metadata"] = json.dumps(metadata)
+    return client.post(f"/api/v1/models/{model}/versions/", payload, format="multipart")
+
+
+def wait_validated(client, model: str, number: int, timeout: float = 60) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        body = client.get(f"/api/v1/models/{model}/versions/{number}/").json()
+        if body["status"] not in ("uploaded", "validating"):
+            return body
+        time.sleep(0.05)
+    raise AssertionError(f"{model}:{number} still {body['status']} after {timeout}s")
+
+
+@pytest.fixture
+def ready_model(engineer):
+    """create_ready("name", onnx_bytes) -> the validated version's JSON."""
+
+    def make(name: str, data: bytes, **create):
+        if engineer.get(f"/api/v1/models/{name}/").status_code == 404:
+            assert engineer.post("/api/v1/models/", {"name": name, **create},
+                                 format="json").status_code == 201
+        r = upload(engineer, name, data)
+        assert r.status_code in (200, 201), r.content
+        body = wait_validated(engineer, name, r.json()["number"])
+        assert body["status"] == "ready", body
+        return body
+
+    return make

@@ -1,0 +1,106 @@
+"""Artifact store, garbage collection and recovery of interrupted validations."""
+
+import hashlib
+import subprocess
+import sys
+from datetime import timedelta
+from shutil import which
+
+import pytest
+from django.utils import timezone
+
+from registry import samples
+from registry.artifacts import ArtifactStore
+from registry.errors import PayloadTooLarge
+from registry.gc import collect_garbage
+from registry.models import AuditEvent, ModelVersion, VersionStatus
+from tests.conftest import REPO, upload, wait_validated
+
+
+def test_store_is_content_addressed_and_shares_identical_blobs(tmp_path):
+    store = ArtifactStore(tmp_path, max_bytes=10_000)
+    a = store.save_bytes(b"abc" * 100)
+    b = store.save_bytes(b"abc" * 100)
+    assert a.path == b.path and a.sha256 == hashlib.sha256(b"abc" * 100).hexdigest()
+    assert a.path.relative_to(tmp_path).parts == ("sha256", a.sha256[:2], a.sha256)
+    assert store.verify(a.sha256)
+    assert list(store.tmp_dir.iterdir()) == []
+
+
+def test_store_refuses_past_its_limit_and_leaves_nothing(tmp_path):
+    store = ArtifactStore(tmp_path, max_bytes=1000)
+    with pytest.raises(PayloadTooLarge):
+        store.save_stream(iter([b"x" * 600, b"x" * 600]))
+    assert list(store.tmp_dir.iterdir()) == []
+    assert list(store.blobs()) == []
+
+
+def test_store_rejects_a_path_that_is_not_a_digest(tmp_path):
+    with pytest.raises(ValueError):
+        ArtifactStore(tmp_path, 10).path_for("../../etc/passwd")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gc_removes_only_unreferenced_blobs_past_the_grace(engineer, settings, tmp_path):
+    settings.ARTIFACT_ROOT = tmp_path / "artifacts"  # a store of its own: no other test's blobs
+    engineer.post("/api/v1/models/", {"name": "kept"}, format="json")
+    kept = upload(engineer, "kept", samples.mlp()).json()["sha256"]
+    from registry.artifacts import default_store
+
+    store = default_store()
+    orphan = store.save_bytes(b"orphaned upload").sha256
+    fresh = collect_garbage(grace=timedelta(hours=1))
+    assert fresh["blobs"] == []  # too young: may belong to an upload still committing
+    dry = collect_garbage(grace=timedelta(0), dry_run=True)
+    assert dry["blobs"] == [orphan] and store.path_for(orphan).exists()
+    done = collect_garbage(grace=timedelta(0))
+    assert done["blobs"] == [orphan]
+    assert not store.path_for(orphan).exists() and store.path_for(kept).exists()
+    assert AuditEvent.objects.filter(action="artifacts.gc").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_validation_interrupted_by_a_dead_worker_is_recovered(engineer):
+    from registry.tasks import recover_validations
+
+    engineer.post("/api/v1/models/", {"name": "orphan"}, format="json")
+    upload(engineer, "orphan", samples.mlp())
+    wait_validated(engineer, "orphan", 1)
+    # what a worker killed mid-validation leaves behind
+    ModelVersion.objects.filter(model__name="orphan", number=1).update(
+        status=VersionStatus.VALIDATING, signature={},
+        validation_started_at=timezone.now() - timedelta(hours=1))
+    assert recover_validations() == [ModelVersion.objects.get(model__name="orphan").pk]
+    done = wait_validated(engineer, "orphan", 1)
+    assert done["status"] == "ready" and done["signature"]["inputs"][0]["name"] == "x"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_version_interrupted_too_often_fails_with_the_reason(engineer):
+    from registry.validation import MAX_ATTEMPTS, validate_version
+
+    engineer.post("/api/v1/models/", {"name": "crashy"}, format="json")
+    upload(engineer, "crashy", samples.mlp())
+    wait_validated(engineer, "crashy", 1)
+    version = ModelVersion.objects.get(model__name="crashy")
+    ModelVersion.objects.filter(pk=version.pk).update(status=VersionStatus.VALIDATING,
+                                                      validation_attempts=MAX_ATTEMPTS)
+    assert validate_version(version.pk) == "failed"
+    version.refresh_from_db()
+    assert "interrupted 3 times" in version.failure_reason
+
+
+@pytest.mark.skipif(not which("docker-compose"), reason="Debian docker-compose not installed")
+def test_compose_file_is_valid():
+    r = subprocess.run(["docker-compose", "-f", "docker-compose.yml", "config", "-q"], cwd=REPO,
+                       env={"SECRET_KEY": "x", "PATH": "/usr/bin:/bin"}, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_cli_help_lists_every_command():
+    r = subprocess.run([sys.executable, "-m", "registry.cli", "--help"], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for command in ("upload", "deploy", "canary", "promote", "rollback", "export", "batch"):
+        assert command in r.stdout
