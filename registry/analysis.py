@@ -28,7 +28,7 @@ from .models import Endpoint
 log = logging.getLogger(__name__)
 ACTOR = "canary-analysis"
 DEFAULT_PLAN = {"steps": [5, 25, 50, 100], "bake_seconds": 60.0, "max_p99_ratio": 1.5,
-                "max_error_rate": 0.01, "min_requests": 100}
+                "min_p99_increase_ms": 1.0, "max_error_rate": 0.01, "min_requests": 100}
 Metrics = Callable[[str, int, datetime], dict]
 
 
@@ -47,12 +47,13 @@ def clean_plan(raw: dict | None) -> dict:
             or steps != sorted(set(steps))):
         raise InvalidRequest("plan.steps must be increasing whole percentages from 1 to 100",
                              field="plan")
-    for key, low in (("bake_seconds", 0), ("max_p99_ratio", 1), ("max_error_rate", 0),
-                     ("min_requests", 0)):
+    for key, low in (("bake_seconds", 0), ("max_p99_ratio", 1), ("min_p99_increase_ms", 0),
+                     ("max_error_rate", 0), ("min_requests", 0)):
         value = plan[key]
         if isinstance(value, bool) or not isinstance(value, int | float) or value < low:
             raise InvalidRequest(f"plan.{key} must be a number >= {low}", field="plan")
     plan["bake_seconds"] = float(plan["bake_seconds"])
+    plan["min_p99_increase_ms"] = float(plan["min_p99_increase_ms"])
     plan["min_requests"] = int(plan["min_requests"])
     return plan
 
@@ -73,10 +74,14 @@ def decide(plan: dict, step: int, *, candidate: dict, stable: dict, baked: bool,
     """Judge one step from the candidate's and stable's figures over the same window. The guards
     apply as soon as the candidate has min_requests; advancing also needs the bake time. When the
     stable has too few requests in the window (a 100 % step), its figures since the analysis
-    started stand in for latency."""
+    started stand in for latency. A latency regression must be large in both senses: over
+    max_p99_ratio x stable's p99 *and* more than min_p99_increase_ms above it, because on a
+    shared host a sub-millisecond model's p99 is scheduler noise and a ratio of two noise figures
+    would roll back healthy candidates."""
     figures = {"step": step, "weight": plan["steps"][step], "candidate": candidate,
                "stable": stable, "guards": {k: plan[k] for k in
-                                            ("max_p99_ratio", "max_error_rate", "min_requests")}}
+                                            ("max_p99_ratio", "min_p99_increase_ms",
+                                             "max_error_rate", "min_requests")}}
     need = plan["min_requests"]
     if candidate["count"] >= max(need, 1):
         rate = candidate.get("error_rate") or 0.0
@@ -90,9 +95,11 @@ def decide(plan: dict, step: int, *, candidate: dict, stable: dict, baked: bool,
             figures["stable_reference"] = {"window": "since analysis start", **reference}
         c99, s99 = candidate.get("p99_ms"), reference.get("p99_ms")
         comparable = reference["count"] >= max(need, 1) and c99 is not None and bool(s99)
-        if comparable and c99 > plan["max_p99_ratio"] * s99:
+        slack = plan.get("min_p99_increase_ms", 0.0)
+        if comparable and c99 > plan["max_p99_ratio"] * s99 and c99 - s99 > slack:
             return Decision("rollback", f"candidate p99 {c99:.2f} ms > "
-                            f"{plan['max_p99_ratio']} x stable p99 {s99:.2f} ms", figures)
+                            f"{plan['max_p99_ratio']} x stable p99 {s99:.2f} ms "
+                            f"(+{c99 - s99:.2f} ms, tolerance {slack:g} ms)", figures)
         if baked and not comparable:
             return Decision("wait", f"only {reference['count']} stable requests to compare "
                             f"latency with; the plan needs {need}", figures)

@@ -89,3 +89,35 @@ def identity(elem_type: int, shape: list, *, name: str = "x", out: str = "y") ->
     )
     return _model(graph)
 
+
+
+def busy(n_in: int = 64, n_out: int = 10, *, spread: int = 2048, layers: int = 8,
+         seed: int = 0) -> bytes:
+    """Same signature as `mlp()` (x [batch, n_in] -> y [batch, n_out]) but slow by computation,
+    not by weight size: each row is spread over `spread` positions and pushed through `layers`
+    n_in x n_in dense layers (spread * layers * n_in^2 multiply-adds per row) with a few KB of
+    weights. A clearly slower candidate for latency specs that stays small on disk."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(np.array([1, spread, 1], dtype=np.int64), "repeats"),
+             numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1"),
+             numpy_helper.from_array(np.full((1, spread), 1 / spread, np.float32), "mean"),
+             numpy_helper.from_array(np.array([-1, n_in], dtype=np.int64), "flat")]
+    nodes = [helper.make_node("Unsqueeze", ["x", "axis1"], ["x3"]),
+             helper.make_node("Tile", ["x3", "repeats"], ["h0"])]
+    for i in range(layers):
+        w = (rng.standard_normal((n_in, n_in)) / np.sqrt(n_in)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes += [helper.make_node("MatMul", [f"h{i}", f"w{i}"], [f"m{i}"]),
+                  helper.make_node("Relu", [f"m{i}"], [f"h{i + 1}"])]
+    head = (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32)
+    inits.append(numpy_helper.from_array(head, "head"))
+    nodes += [helper.make_node("MatMul", ["mean", f"h{layers}"], ["pooled"]),
+              helper.make_node("Reshape", ["pooled", "flat"], ["p"]),
+              helper.make_node("MatMul", ["p", "head"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "busy",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", n_in])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", n_out])],
+        inits,
+    )
+    return _model(graph)

@@ -490,8 +490,23 @@ def test_at_the_full_step_the_stable_figures_since_the_start_stand_in():
     assert d.action == "rollback" and d.figures["stable_reference"]["count"] == 800
 
 
+@pytest.mark.parametrize(("slack", "action"), [(0, "rollback"), (1, "rollback"), (2, "promote")])
+def test_a_latency_regression_must_also_exceed_the_absolute_tolerance(slack, action):
+    """0.4 ms -> 1.8 ms is 4.5 x but only 1.4 ms more: noise or not is the plan's call."""
+    plan = analysis.clean_plan({"steps": [100], "min_requests": 100, "max_p99_ratio": 2,
+                                "min_p99_increase_ms": slack})
+    d = analysis.decide(plan, 0, candidate=figures(400, 0, 1.8), stable=figures(800, 0, 0.4),
+                        baked=True)
+    assert d.action == action, d.why
+    if action == "rollback":
+        assert d.why == (f"candidate p99 1.80 ms > 2 x stable p99 0.40 ms "
+                         f"(+1.40 ms, tolerance {slack} ms)")
+    assert d.figures["guards"]["min_p99_increase_ms"] == slack
+
+
 @pytest.mark.parametrize("plan", [{"steps": []}, {"steps": [50, 10]}, {"steps": [0, 50]},
                                   {"bake_seconds": -1}, {"max_p99_ratio": 0.5},
+                                  {"min_p99_increase_ms": -1}, {"min_p99_increase_ms": "1"},
                                   {"stepz": [1]}, "fast"])
 def test_nonsense_plans_are_refused(plan):
     with pytest.raises(InvalidRequest):

@@ -152,7 +152,7 @@ def test_canary_analysis_on_real_figures_rolls_back_a_slow_one_and_promotes_a_he
     from registry.models import AuditEvent, Endpoint
 
     ready_model("judged", samples.mlp(seed=1))
-    ready_model("judged", samples.mlp(seed=2, hidden=(1024, 1024), extra_layers=6))  # slow
+    ready_model("judged", samples.busy(spread=8192, layers=24))  # ~15 ms a row: slow beyond noise
     ready_model("judged", samples.mlp(seed=3))  # as fast as the stable
     with replicas(N, embedded=not CLUSTERED, log_dir=tmp_path, **QUIET) as reps:
         post(engineer, "judged", "deploy", {"version": 1})

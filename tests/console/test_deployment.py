@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import re
 import time
+import types
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
-from registry import samples, services
+from console.views import deployment as deployment_views
+from registry import metrics, samples, services
 from registry.audit import Actor
 from registry.models import AuditEvent, Endpoint, MetricSample, ReplicaHeartbeat
 from registry.notify import current_revision
@@ -219,10 +221,21 @@ def test_shadow_start_and_stop(page_client, deployed):
     assert "Shadow stopped." in messages_of(r) and endpoint().shadow is None
 
 
-def _samples(version: int, *, replica: str, rps: int, errors_every: int, fast_bucket: int,
-             buckets: int = 12) -> None:
-    """Cumulative samples one bucket (1 s in tests) apart, as a replica's heartbeats write."""
+@pytest.fixture
+def frozen_second(monkeypatch) -> int:
+    """Wall-clock seconds as the metric queries and the chart view read them, held still in the
+    middle of one second, so samples written 'up to now' and the page drawn 'now' agree on
+    which bucket is still filling however slow the machine is."""
     now = int(time.time())
+    clock = types.SimpleNamespace(time=lambda: now + 0.5, monotonic=time.monotonic)
+    monkeypatch.setattr(deployment_views, "time", clock)
+    monkeypatch.setattr(metrics, "time", clock)
+    return now
+
+
+def _samples(version: int, *, now: int, replica: str, rps: int, errors_every: int,
+             fast_bucket: int, buckets: int = 12) -> None:
+    """Cumulative samples one bucket (1 s in tests) apart, as a replica's heartbeats write."""
     count = errors = 0
     hist = [0] * (len(LATENCY_BUCKETS_S) + 1)
     for i in range(buckets):
@@ -236,12 +249,13 @@ def _samples(version: int, *, replica: str, rps: int, errors_every: int, fast_bu
             latency_buckets=list(hist))
 
 
-def test_chart_partial_draws_real_metric_samples_as_svg(page_client, deployed):
+def test_chart_partial_draws_real_metric_samples_as_svg(page_client, deployed, frozen_second):
     services.canary_start(model_name="fraud", version_number=3, weight=20,
                           actor=Actor.system("test"))
-    _samples(1, replica="r1", rps=40, errors_every=40, fast_bucket=5)
-    _samples(1, replica="r2", rps=40, errors_every=40, fast_bucket=5)
-    _samples(3, replica="r1", rps=20, errors_every=5, fast_bucket=12)
+    now = frozen_second
+    _samples(1, now=now, replica="r1", rps=40, errors_every=40, fast_bucket=5)
+    _samples(1, now=now, replica="r2", rps=40, errors_every=40, fast_bucket=5)
+    _samples(3, now=now, replica="r1", rps=20, errors_every=5, fast_bucket=12)
     r = page_client("viewer").get(f"{PAGE}charts/", HTTP_HX_REQUEST="true")
     assert r.status_code == 200
     html = r.content.decode()
