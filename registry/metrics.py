@@ -8,7 +8,7 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Max
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from serving.stats import LATENCY_BUCKETS_S, quantile_from_buckets
@@ -83,15 +83,21 @@ def version_series(model: str, version: int, *, seconds: int = 300) -> list[dict
     """Per-bucket points (req/s, error rate, p50/p95/p99) for the last `seconds`, for charts."""
     width = settings.METRICS_BUCKET_SECONDS
     first = int(time.time()) // width - seconds // width
-    samples = list(MetricSample.objects.filter(
-        model_name=model, version=version, bucket__gte=first - 1).order_by("replica", "bucket"))
+    rows = MetricSample.objects.filter(model_name=model, version=version)
+    samples = list(rows.filter(bucket__gte=first).order_by("replica", "bucket"))
+    # Each replica's newest sample before the window is the baseline of its first point there
+    # (heartbeats may skip buckets, so "the bucket before" is not enough). A replica with none
+    # started inside the window: its first sample counts from zero, as in version_window.
+    before = rows.filter(bucket__lt=first).values("replica").annotate(last=Max("bucket"))
+    wanted = Q(pk__in=[])
+    for row in before:
+        wanted |= Q(replica=row["replica"], bucket=row["last"])
+    previous: dict[str, MetricSample] = {s.replica: s for s in rows.filter(wanted)} \
+        if before else {}
     per_bucket: dict[int, list] = defaultdict(lambda: [0, 0, [0] * (len(LATENCY_BUCKETS_S) + 1)])
-    previous: dict[str, MetricSample] = {}
     for s in samples:
         old = previous.get(s.replica)
         previous[s.replica] = s
-        if old is None or s.bucket < first:
-            continue
         c, e, h = _delta(s, old)
         acc = per_bucket[s.bucket]
         acc[0] += c

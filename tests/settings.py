@@ -18,3 +18,6 @@ if os.environ.get("REDIS_URL"):
 from console.settings import *  # noqa: E402,F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # roles, not hash strength
+
+# A traffic loop logs every request through httpx at INFO: keep failures readable.
+LOGGING = {**LOGGING, "loggers": {**LOGGING["loggers"], "httpx": {"level": "WARNING"}}}  # noqa: F405

@@ -265,12 +265,12 @@ def test_chart_partial_draws_real_metric_samples_as_svg(page_client, deployed, f
     assert figures == ["chart-rps", "chart-error-rate", "chart-p50-ms", "chart-p95-ms",
                        "chart-p99-ms"]
     rps = html[html.index('id="chart-rps"'):html.index('id="chart-error-rate"')]
-    # 12 samples per replica: the first is the baseline and the newest bucket is still filling
-    # (not drawn), so 10 points per version.
-    assert 'data-label="v1 stable" data-points="10"' in rps
-    assert 'data-label="v3 candidate" data-points="10"' in rps
+    # 12 samples per replica: the replicas started inside the window, so the first counts from
+    # zero; the newest bucket is still filling (not drawn): 11 points per version.
+    assert 'data-label="v1 stable" data-points="11"' in rps
+    assert 'data-label="v3 candidate" data-points="11"' in rps
     points = re.findall(r'<polyline points="([^"]+)"', rps)
-    assert len(points) == 2 and all(len(p.split()) == 10 for p in points)
+    assert len(points) == 2 and all(len(p.split()) == 11 for p in points)
     assert 'stroke-dasharray="7 4"' in rps  # the candidate differs by dash, not only colour
     # Legend in words with the latest figures: both replicas summed for v1.
     assert "<span>v1 stable:</span> <strong class=\"latest\">80</strong>" in rps
@@ -283,6 +283,26 @@ def test_chart_partial_draws_real_metric_samples_as_svg(page_client, deployed, f
     v1_p99 = float(re.search(r'v1 stable:</span> <strong class="latest">([\d.]+)', p99)[1])
     v3_p99 = float(re.search(r'v3 candidate:</span> <strong class="latest">([\d.]+)', p99)[1])
     assert v3_p99 > v1_p99 > 0
+
+
+@pytest.mark.django_db
+def test_series_baseline_is_the_newest_sample_before_the_window_even_across_gaps(
+        frozen_second):
+    """A replica up for an hour whose heartbeats skipped buckets: its first point in the window
+    is the difference from its last sample before, not its lifetime total."""
+    now, hist = frozen_second, [0] * (len(LATENCY_BUCKETS_S) + 1)
+
+    def sample(bucket: int, count: int) -> None:
+        MetricSample.objects.create(replica="r1", model_name="fraud", version=1, bucket=bucket,
+                                    at=timezone.now(), count=count, errors=0,
+                                    latency_buckets=[count] + hist[1:])
+
+    sample(now - 3600, 100_000)
+    sample(now - 130, 250_000)  # last before a 120 s window, 10 buckets before its start
+    sample(now - 100, 250_300)
+    sample(now - 50, 250_800)
+    points = metrics.version_series("fraud", 1, seconds=120)
+    assert [(p["t"], p["count"]) for p in points] == [(now - 100, 300), (now - 50, 500)]
 
 
 def test_charts_say_when_there_is_no_traffic(page_client, deployed):
