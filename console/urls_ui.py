@@ -4,7 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
-from .views import audit, deployment, models, versions
+from .views import audit, deployment, health, jobs, models, versions
 
 app_name = "console"
 M = "models/<str:name>"
@@ -17,6 +17,8 @@ urlpatterns = [
     path(f"{M}/", models.model_detail, name="model-detail"),
     path(f"{M}/versions/", models.version_rows, name="version-rows"),
     path(f"{M}/versions/<int:number>/", versions.version_detail, name="version-detail"),
+    path(f"{M}/versions/<int:number>/tensorrt/", versions.version_tensorrt,
+         name="version-tensorrt"),
     path(f"{M}/diff/", models.model_diff, name="model-diff"),
     path(f"{M}/aliases/", models.alias_set, name="alias-set"),
     path(f"{M}/aliases/<str:alias>/remove/", models.alias_remove, name="alias-remove"),
@@ -25,6 +27,10 @@ urlpatterns = [
     path(f"{M}/deployment/charts/", deployment.deployment_charts, name="deployment-charts"),
     path(f"{M}/deployment/live/", deployment.deployment_live, name="deployment-live"),
     path(f"{M}/deployment/<str:op>/", deployment.deployment_action, name="deployment-action"),
+    path("jobs/", jobs.job_list, name="job-list"),
+    path("jobs/<uuid:job_id>/", jobs.job_detail, name="job-detail"),
+    path("jobs/<uuid:job_id>/cancel/", jobs.job_cancel, name="job-cancel"),
+    path("health/", health.health_partial, name="health"),
     path("audit/", audit.audit_list, name="audit-list"),
     path("audit/export.csv", audit.audit_csv, name="audit-csv"),
 ]

@@ -8,7 +8,7 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Max, Q
+from django.db.models import Max, OuterRef, Subquery
 from django.utils import timezone
 
 from serving.stats import LATENCY_BUCKETS_S, quantile_from_buckets
@@ -88,12 +88,13 @@ def version_series(model: str, version: int, *, seconds: int = 300) -> list[dict
     # Each replica's newest sample before the window is the baseline of its first point there
     # (heartbeats may skip buckets, so "the bucket before" is not enough). A replica with none
     # started inside the window: its first sample counts from zero, as in version_window.
-    before = rows.filter(bucket__lt=first).values("replica").annotate(last=Max("bucket"))
-    wanted = Q(pk__in=[])
-    for row in before:
-        wanted |= Q(replica=row["replica"], bucket=row["last"])
-    previous: dict[str, MetricSample] = {s.replica: s for s in rows.filter(wanted)} \
-        if before else {}
+    # One query, cheap however long the history: per replica seen in the window, the unique
+    # (replica, model, version, bucket) index finds its newest older sample.
+    newest_older = (rows.filter(replica=OuterRef("replica"), bucket__lt=first)
+                    .order_by("-bucket").values("pk")[:1])
+    baselines = (rows.filter(bucket__gte=first).values("replica").distinct()
+                 .annotate(base=Subquery(newest_older)).values("base"))
+    previous: dict[str, MetricSample] = {s.replica: s for s in rows.filter(pk__in=baselines)}
     per_bucket: dict[int, list] = defaultdict(lambda: [0, 0, [0] * (len(LATENCY_BUCKETS_S) + 1)])
     for s in samples:
         old = previous.get(s.replica)

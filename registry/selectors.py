@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db.models import Count, OuterRef, Prefetch, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -14,6 +15,7 @@ from .models import (
     Alias,
     AuditEvent,
     Endpoint,
+    Job,
     ModelVersion,
     RegisteredModel,
     ReplicaHeartbeat,
@@ -75,3 +77,25 @@ def replicas(*, include_stale: bool = False) -> list[ReplicaHeartbeat]:
         cutoff = timezone.now() - timedelta(seconds=settings.REPLICA_STALE_SECONDS)
         qs = qs.filter(last_seen__gte=cutoff)
     return list(qs)
+
+
+def job_list(*, kind: str = "", status: str = "", model: str = "") -> QuerySet[Job]:
+    """Jobs, newest first, narrowed by kind, status and model name (blank = any)."""
+    qs = Job.objects.select_related("version__model", "created_by", "dataset")
+    if kind:
+        qs = qs.filter(kind=kind)
+    if status:
+        qs = qs.filter(status=status)
+    if model:
+        qs = qs.filter(version__model__name=model)
+    return qs
+
+
+def job_get(job_id) -> Job:
+    try:
+        job = job_list().filter(pk=job_id).first()
+    except (ValueError, ValidationError):  # not a UUID
+        job = None
+    if job is None:
+        raise NotFound(f"job {job_id} does not exist", field="job")
+    return job

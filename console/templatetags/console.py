@@ -112,3 +112,35 @@ def pct(fraction) -> str:
     except (TypeError, ValueError):
         return "—"
     return f"{value:.2f}".rstrip("0").rstrip(".") if value else "0"
+
+
+JOB_HELP = {
+    "queued": "waiting for a worker",
+    "running": "a worker holds it",
+    "succeeded": "finished; the result can be downloaded until it expires",
+    "failed": "stopped with an error",
+    "cancelled": "stopped by a user; partial output removed",
+}
+
+
+@register.simple_tag
+def job_badge(status: str):
+    """A job's status in words (the mark before it differs too, never colour alone)."""
+    return format_html('<span class="badge badge-job-{0}" title="{1}">{0}</span>', status,
+                       JOB_HELP.get(status, status))
+
+
+@register.filter
+def duration(seconds) -> str:
+    """1.5 -> "1.5 s", 75 -> "1 min 15 s", 4000 -> "1 h 06 min"."""
+    try:
+        s = float(seconds)
+    except (TypeError, ValueError):
+        return "—"
+    if s < 60:
+        return f"{s:.1f} s"
+    minutes, secs = divmod(int(round(s)), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from django import forms
+from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
-from django.views.decorators.http import require_GET
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
 
 from registry import selectors
+from registry.services import tensorrt as trt_services
+from registry.tensorrt import PRECISIONS
 
 from .. import tryit
-from .access import requires
+from ..forms import error_text
+from .access import requires, run_service
 from .models import found
 
 SERVING_FIELDS = ("max_batch_size", "preferred_batch_sizes", "max_queue_delay_us",
@@ -29,6 +34,12 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
         "model": version.model, "version": version, "signature": signature,
         "inputs": inputs, "outputs": outputs,
         "report": version.validation_report or {},
+        "engines": [{"precision": p, **((version.validation_report or {}).get("tensorrt") or {})
+                     .get(p, {})} for p in PRECISIONS],
+        "precisions": PRECISIONS,
+        "engines_pending": any(
+            (e or {}).get("status") in ("queued", "building")
+            for e in ((version.validation_report or {}).get("tensorrt") or {}).values()),
         "serving": [(f, getattr(version, f)) for f in SERVING_FIELDS],
         "infer_url": f"/v2/models/{name}/versions/{number}/infer",
         "curl": tryit.curl_snippet(base, name, number, inputs),
@@ -36,3 +47,24 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
                                                    outputs),
     }
     return render(request, "console/version_detail.html", context)
+
+
+class TensorRTForm(forms.Form):
+    precision = forms.ChoiceField(choices=[(p, p.upper()) for p in PRECISIONS],
+                                  label="Precision")
+
+
+@require_POST
+@requires("viewer", write="engineer")
+def version_tensorrt(request: HttpRequest, name: str, number: int) -> HttpResponse:
+    """Ask for a TensorRT engine build; the same service as POST .../tensorrt/ in the API."""
+    form = TensorRTForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, error_text(form))
+    else:
+        precision = form.cleaned_data["precision"]
+        run_service(request, trt_services.tensorrt_build, model_name=name, number=number,
+                    precision=precision,
+                    success=f"{precision.upper()} TensorRT engine build queued: its status "
+                            f"shows below.")
+    return redirect(f"{request.path.rsplit('tensorrt/', 1)[0]}#tensorrt")

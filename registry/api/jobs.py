@@ -22,6 +22,7 @@ from rest_framework.parsers import FileUploadParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from .. import selectors
 from ..errors import InvalidRequest, LifecycleError, NotFound, PayloadTooLarge
 from ..jobfiles import FileWriter, job_dir
 from ..jobs import progress
@@ -240,33 +241,19 @@ class BatchView(JobsPermission, APIView):
         return _accepted(job)
 
 
-def _job(job_id) -> Job:
-    job = (Job.objects.select_related("version__model", "created_by")
-           .filter(pk=job_id).first())
-    if job is None:
-        raise NotFound(f"job {job_id} does not exist", field="job")
-    return job
-
-
 class JobListView(JobsPermission, generics.ListAPIView):
     serializer_class = JobSerializer
 
     def get_queryset(self):
-        qs = Job.objects.select_related("version__model", "created_by")
         params = self.request.query_params
-        if params.get("kind"):
-            qs = qs.filter(kind=params["kind"])
-        if params.get("status"):
-            qs = qs.filter(status=params["status"])
-        if params.get("model"):
-            qs = qs.filter(version__model__name=params["model"])
-        return qs
+        return selectors.job_list(kind=params.get("kind", ""), status=params.get("status", ""),
+                                  model=params.get("model", ""))
 
 
 class JobDetailView(JobsPermission, APIView):
     @extend_schema(responses=JobSerializer)
     def get(self, request, job_id):
-        return Response(JobSerializer(_job(job_id)).data)
+        return Response(JobSerializer(selectors.job_get(job_id)).data)
 
 
 class JobCancelView(JobsPermission, APIView):
@@ -276,14 +263,14 @@ class JobCancelView(JobsPermission, APIView):
     def post(self, request, job_id):
         reason = request.data.get("reason", "") if isinstance(request.data, dict) else ""
         svc.job_cancel(job_id=job_id, actor=actor(request), reason=str(reason)[:1000])
-        return Response(JobSerializer(_job(job_id)).data)
+        return Response(JobSerializer(selectors.job_get(job_id)).data)
 
 
 class JobResultView(JobsPermission, APIView):
     @extend_schema(responses={(200, "application/octet-stream"): bytes})
     def get(self, request, job_id):
         """The v2 response of an async job (with its headers), or a batch job's output file."""
-        job = _job(job_id)
+        job = selectors.job_get(job_id)
         if job.expired:
             raise Gone(f"the result of job {job.pk} expired at {job.expires_at:%Y-%m-%d %H:%M:%S}"
                        f" UTC and was deleted")
