@@ -211,24 +211,28 @@ def _choices(model, ep) -> dict:
     }
 
 
+def controls_context(request: HttpRequest, model, ep) -> dict:
+    """What the rollout controls need: the buttons the state allows this user, the pickers."""
+    state = endpoint_state(ep) if ep else EMPTY
+    return {
+        **_choices(model, ep),
+        "can_write": has_role(request.user, "engineer") and not model.archived,
+        "allowed": {op for op, states in ALLOWED.items() if state in states},
+        "page_revision": str(ep.revision if ep else 0),
+        "bg_switched": bool(((ep.settings or {}).get("blue_green") or {}).get("switched_at")
+                            if ep else False),
+        "weight": ep.candidate_weight if ep and ep.candidate else 10,
+        "canary_form": CanaryForm(),
+    }
+
+
 @require_GET
 @requires("viewer")
 def deployment_page(request: HttpRequest, name: str) -> HttpResponse:
     model = found(selectors.model_get, name)
     ep = selectors.endpoint_get(model)
-    state = endpoint_state(ep) if ep else EMPTY
-    context = live_context(request, model, ep)
-    context.update(_choices(model, ep))  # the charts load right after, from their partial
-    context.update(
-        nav="models",
-        can_write=has_role(request.user, "engineer") and not model.archived,
-        allowed={op for op, states in ALLOWED.items() if state in states},
-        page_revision=str(ep.revision if ep else 0),
-        bg_switched=bool(((ep.settings or {}).get("blue_green") or {}).get("switched_at")
-                         if ep else False),
-        weight=ep.candidate_weight if ep and ep.candidate else 10,
-        canary_form=CanaryForm(),
-    )
+    context = live_context(request, model, ep)  # the charts load right after, from their partial
+    context.update(controls_context(request, model, ep), nav="models")
     return render(request, "console/deployment.html", context)
 
 
@@ -248,8 +252,16 @@ def deployment_live(request: HttpRequest, name: str) -> HttpResponse:
     """Traffic split, replica convergence, the analysis plan and decisions: polled every 2 s."""
     model = found(selectors.model_get, name)
     ep = selectors.endpoint_get(model)
-    return render(request, "console/partials/deployment_live.html",
-                  live_context(request, model, ep))
+    context = live_context(request, model, ep)
+    seen = context["page_revision"]
+    if seen is not None and seen != str(context["endpoint_revision"]):
+        # Changed since the page drew its buttons (another user, the canary analysis, the
+        # CLI): redraw the controls in place (out of band) instead of asking for a reload.
+        context.update(controls_context(request, model, ep), controls_refreshed=True,
+                       last_change=AuditEvent.objects.filter(
+                           model_name=model.name, action__startswith="endpoint.")
+                       .exclude(action__endswith=".refused").first())
+    return render(request, "console/partials/deployment_live.html", context)
 
 
 @require_POST

@@ -343,19 +343,32 @@ def test_replica_table_shows_convergence_per_replica(page_client, deployed):
     assert "behind" in row["r3"] and "cannot reach the route source" in row["r3"]
     assert "loading" in row["r3"]
     assert "stale" in row["r4"] and "60." in row["r4"]
-    assert "The endpoint changed since this page loaded" in html  # rev=0 is old
+    assert f"The endpoint changed (revision {endpoint().revision}" in html  # rev=0 is old
 
 
-def test_page_reload_hint_only_when_the_endpoint_changed(page_client, deployed):
+def test_controls_redraw_themselves_when_the_endpoint_changes_under_the_page(page_client,
+                                                                             deployed):
     rev = endpoint().revision
-    client = page_client("viewer")
-    assert "endpoint changed" not in client.get(PAGE).content.decode()
-    assert "endpoint changed" not in client.get(f"{PAGE}live/?rev={rev}").content.decode()
+    client = page_client("engineer")
+    page = client.get(PAGE).content.decode()
+    assert "endpoint changed" not in page and "Start canary" in page and ">Promote" not in page
+    live = client.get(f"{PAGE}live/?rev={rev}").content.decode()
+    assert "endpoint changed" not in live and 'id="controls"' not in live  # nothing to redraw
     services.canary_start(model_name="fraud", version_number=3, weight=5,
-                          actor=Actor.system("test"))
-    html = client.get(f"{PAGE}live/?rev={rev}").content.decode()
-    assert "endpoint changed since this page loaded" in html
-    assert "Version 3 (candidate): <strong>5 %</strong>" in html
+                          actor=Actor.system("canary-analysis"))
+    live = client.get(f"{PAGE}live/?rev={rev}", HTTP_HX_REQUEST="true").content.decode()
+    new = endpoint().revision
+    assert f"The endpoint changed (revision {new}: endpoint.canary by canary-analysis)" in live
+    assert "Version 3 (candidate): <strong>5 %</strong>" in live
+    controls = live[live.index('<section class="card" id="controls"'):]
+    assert controls.startswith(f'<section class="card" id="controls" aria-labelledby="controls-h"'
+                               f' hx-swap-oob="true" data-revision="{new}">')
+    assert ">Promote" in controls and "Start canary" not in controls  # the canary state's buttons
+    assert f"live/?rev={new}" in live  # the next poll knows the page is current again
+    later = client.get(f"{PAGE}live/?rev={new}").content.decode()
+    assert "endpoint changed" not in later and 'id="controls"' not in later
+    viewer = page_client("viewer").get(f"{PAGE}live/?rev={rev}").content.decode()
+    assert "You can watch this rollout" in viewer and ">Promote" not in viewer
 
 
 def test_not_deployed_model_shows_how_to_start(page_client, catalog):
