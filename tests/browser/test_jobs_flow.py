@@ -59,3 +59,26 @@ def test_engineer_follows_and_cancels_a_batch_then_asks_for_a_tensorrt_build(
     if not gpu_available():
         assert "keeps serving on CPU" in page.inner_text("#tensorrt")
     shot(page, "14-version-tensorrt")
+
+
+def test_rollout_controls_follow_a_change_made_elsewhere_without_a_reload(
+        live_server, users, ready_model, page, shot):
+    from registry import services
+    from registry.audit import Actor
+
+    ready_model("fraud", samples.mlp(seed=1))
+    ready_model("fraud", samples.mlp(seed=2))
+    services.endpoint_deploy(model_name="fraud", version_number=1, actor=Actor.system("t"))
+    base = live_server.url
+    login(page, base, "engineer")
+    page.goto(f"{base}/models/fraud/deployment/")
+    assert page.get_by_role("button", name="Start canary").count() == 1
+    page.evaluate("window.__sameDocument = true")
+    services.canary_start(model_name="fraud", version_number=2, weight=25,
+                          actor=Actor.system("canary-analysis"))  # not this page's doing
+    page.wait_for_selector("#controls >> text=Candidate version 2")
+    assert page.evaluate("window.__sameDocument") is True
+    assert page.get_by_role("button", name="Start canary").count() == 0
+    assert "endpoint.canary by canary-analysis" in page.inner_text("#split")
+    assert page.eval_on_selector("#set-weight", "e => e.value") == "25"
+    shot(page, "15-controls-redrawn")
