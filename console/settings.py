@@ -191,6 +191,8 @@ VALIDATION_STALE_SECONDS = env.int("MMC_VALIDATION_STALE_SECONDS", default=300)
 ASYNC_MAX_BYTES = env.int("MMC_ASYNC_MAX_BYTES", default=1024**3)
 ASYNC_RESULT_TTL = env.int("MMC_ASYNC_RESULT_TTL", default=24 * 3600)
 BATCH_RESULT_TTL = env.int("MMC_BATCH_RESULT_TTL", default=7 * 24 * 3600)
+# A dataset's file is deleted this long after its last use (upload or a batch job started).
+DATASET_TTL = env.int("MMC_DATASET_TTL", default=7 * 24 * 3600)
 # A running job whose worker has not renewed its lease for this long is taken over (resumed).
 JOB_LEASE_SECONDS = env.float("MMC_JOB_LEASE_SECONDS", default=60.0)
 JOB_MAX_ATTEMPTS = env.int("MMC_JOB_MAX_ATTEMPTS", default=5)

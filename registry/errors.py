@@ -25,5 +25,11 @@ class LifecycleError(RegistryError):
     status = 409
 
 
+class Gone(RegistryError):
+    """It existed, but its data was removed (expired) and cannot come back (410)."""
+
+    status = 410
+
+
 class PayloadTooLarge(RegistryError):
     status = 413

@@ -30,8 +30,8 @@ from django.db import close_old_connections, connections, transaction
 from django.utils import timezone
 
 from .audit import Actor, record
-from .jobfiles import job_dir
-from .models import Job, JobKind, JobStatus, ModelVersion
+from .jobfiles import dataset_path, job_dir
+from .models import Dataset, Job, JobKind, JobStatus, ModelVersion
 
 log = logging.getLogger(__name__)
 HOST = socket.gethostname()
@@ -316,8 +316,30 @@ def expire_results(now: datetime | None = None) -> list[str]:
     return [str(pk) for pk in due]
 
 
+def expire_datasets(now: datetime | None = None) -> list[str]:
+    """Delete the files of datasets unused for DATASET_TTL (none a queued or running job reads)
+    and mark them expired; the rows stay, for the jobs that name them."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        due = list(Dataset.objects.select_for_update(skip_locked=True)
+                   .filter(expired=False, expires_at__lte=now)
+                   .exclude(jobs__status__in=[JobStatus.QUEUED, JobStatus.RUNNING])
+                   .order_by())
+        if not due:
+            return []
+        Dataset.objects.filter(pk__in=[d.pk for d in due]).update(expired=True)
+        record(Actor.system("jobs"), "datasets.expire", target_type="datasets",
+               target=f"{len(due)} dataset(s)",
+               after={"datasets": [str(d.pk) for d in due],
+                      "bytes": sum(d.size_bytes for d in due)})
+    for d in due:  # after commit: a refused batch_create never points at a missing file
+        dataset_path(d).unlink(missing_ok=True)
+    return [str(d.pk) for d in due]
+
+
 def tick(now: datetime | None = None) -> dict:
-    return {"expired": expire_results(now), "requeued": recover_jobs()}
+    return {"expired": expire_results(now), "datasets_expired": expire_datasets(now),
+            "requeued": recover_jobs()}
 
 
 _scheduler: threading.Thread | None = None

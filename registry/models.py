@@ -258,9 +258,13 @@ class Dataset(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                    on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
+    # The file goes DATASET_TTL after the last use; the row stays (jobs refer to it).
+    expires_at = models.DateTimeField(null=True, blank=True)
+    expired = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-created_at"]
+        indexes = [models.Index(fields=["expired", "expires_at"])]
 
 
 class JobKind(models.TextChoices):

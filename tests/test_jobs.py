@@ -322,6 +322,56 @@ def test_batch_can_be_cancelled_while_running(engineer, mlp, dataset_100k):
     assert engineer.get(f"/api/v1/jobs/{job_id}/result/").status_code == 409
 
 
+def test_an_unused_dataset_expires_and_a_new_batch_on_it_is_refused_with_410(engineer, mlp):
+    from django.utils import timezone
+
+    from registry import jobs
+    from registry.jobfiles import dataset_path
+    from registry.models import AuditEvent, Dataset
+
+    x = np.zeros((10, 64), np.float32)
+    old = upload_dataset(engineer, npy_bytes(x), "old.npy")
+    fresh = upload_dataset(engineer, npy_bytes(x + 1), "fresh.npy")
+    Dataset.objects.filter(pk=old["id"]).update(expires_at=timezone.now())  # TTL spent
+    path = dataset_path(Dataset.objects.get(pk=old["id"]))
+    assert path.exists()
+    assert jobs.expire_datasets() == [old["id"]]
+    assert not path.exists()
+    assert dataset_path(Dataset.objects.get(pk=fresh["id"])).exists()  # not due yet
+    body = engineer.get(f"/api/v1/datasets/{old['id']}/").json()
+    assert body["expired"] is True
+    r = engineer.post("/api/v1/models/mlp/batch/", {"dataset": old["id"]}, format="json")
+    assert r.status_code == 410 and "upload it again" in r.json()["error"]
+    event = AuditEvent.objects.get(action="datasets.expire")
+    assert event.after["datasets"] == [old["id"]] and event.after["bytes"] == old["size_bytes"]
+    assert jobs.expire_datasets() == []  # once
+
+
+def test_a_dataset_a_job_reads_is_kept_and_each_new_job_extends_its_life(engineer, mlp,
+                                                                         dataset_100k):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from registry import jobs
+    from registry.jobfiles import dataset_path
+    from registry.models import Dataset
+
+    ds = upload_dataset(engineer, npy_bytes(dataset_100k), "rows.npy")
+    uploaded = Dataset.objects.get(pk=ds["id"]).expires_at
+    r = engineer.post("/api/v1/models/mlp/batch/",
+                      {"dataset": ds["id"], "chunk_rows": 2000, "max_rows_per_second": 10000},
+                      format="json")
+    job_id = r.json()["id"]
+    assert Dataset.objects.get(pk=ds["id"]).expires_at > uploaded  # the job renewed it
+    wait_job(engineer, job_id, what=lambda b: b["status"] == "running")
+    later = timezone.now() + timedelta(days=365)
+    assert jobs.expire_datasets(now=later) == []  # in use: kept
+    assert dataset_path(Dataset.objects.get(pk=ds["id"])).exists()
+    engineer.post(f"/api/v1/jobs/{job_id}/cancel/")
+    assert jobs.expire_datasets(now=later) == [ds["id"]]
+
+
 def test_batch_resumes_after_kill_9_without_losing_or_duplicating_rows(
         engineer, mlp, dataset_100k, monkeypatch, tmp_path):
     from registry.models import Job

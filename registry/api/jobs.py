@@ -44,7 +44,7 @@ class DatasetSerializer(serializers.ModelSerializer):
     class Meta:
         model = Dataset
         fields = ["id", "filename", "format", "size_bytes", "sha256", "rows", "columns",
-                  "created_by", "created_at"]
+                  "created_by", "created_at", "expires_at", "expired"]
 
 
 class JobSerializer(serializers.ModelSerializer):

@@ -3,12 +3,14 @@ one audited transaction; the job starts on a worker after commit."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from ..audit import Actor, record
-from ..errors import InvalidRequest, LifecycleError, NotFound
+from ..errors import Gone, InvalidRequest, LifecycleError, NotFound
 from ..jobfiles import FileWriter, dataset_path, detect_format, inspect_dataset, job_dir
 from ..jobs import enqueue_job
 from ..models import Dataset, Endpoint, Job, JobKind, JobStatus, ModelVersion, VersionStatus
@@ -61,14 +63,16 @@ def dataset_create(*, upload: FileWriter, filename: str, actor: Actor,
         upload.abort()
         raise
     dataset = Dataset(filename=(filename or "")[:255], format=fmt, size_bytes=upload.size,
-                      sha256=upload.sha256, rows=rows, columns=columns, created_by=actor.user)
+                      sha256=upload.sha256, rows=rows, columns=columns, created_by=actor.user,
+                      expires_at=timezone.now() + timedelta(seconds=settings.DATASET_TTL))
     path = upload.move_to(dataset_path(dataset))
     try:
         with transaction.atomic():
             dataset.save(force_insert=True)
             record(actor, "dataset.upload", target_type="dataset", target=str(dataset.pk),
                    after={"filename": dataset.filename, "format": fmt, "rows": rows,
-                          "size_bytes": dataset.size_bytes, "sha256": dataset.sha256})
+                          "size_bytes": dataset.size_bytes, "sha256": dataset.sha256,
+                          "expires_at": dataset.expires_at.isoformat()})
     except BaseException:
         path.unlink(missing_ok=True)
         raise
@@ -145,6 +149,14 @@ def batch_create(*, model_name: str, dataset_id, actor: Actor, version_number: i
         raise InvalidRequest("max_rows_per_second must be >= 0", field="max_rows_per_second")
     url, secret = _callback(callback_url, callback_secret)
     with transaction.atomic():
+        # Under the row lock the expiry sweeper takes too: either this job keeps the file
+        # alive (a new expiry, TTL from now), or the file is already gone and the job is refused.
+        dataset = Dataset.objects.select_for_update().get(pk=dataset.pk)
+        if dataset.expired:
+            raise Gone(f"dataset {dataset.pk} expired at {dataset.expires_at:%Y-%m-%d %H:%M:%S} "
+                       f"UTC and its file was deleted: upload it again", field="dataset")
+        dataset.expires_at = timezone.now() + timedelta(seconds=settings.DATASET_TTL)
+        dataset.save(update_fields=["expires_at"])
         job = Job.objects.create(
             kind=JobKind.BATCH, version=version, dataset=dataset, input_bytes=dataset.size_bytes,
             rows_total=dataset.rows, callback_url=url, callback_secret=secret,
