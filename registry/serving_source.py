@@ -38,7 +38,17 @@ def _spec(version: ModelVersion, root) -> VersionSpec:
             max_queue_size=version.max_queue_size, instance_count=version.instance_count),
         intra_op_threads=version.intra_op_threads,
         graph_optimization_level=version.graph_optimization_level,
+        trt_precision=served_precision(version), trt_cache_root=str(settings.TRT_CACHE_DIR),
     )
+
+
+def served_precision(version: ModelVersion) -> str:
+    """The precision of the version's most recently built TensorRT engine (fp32 if none): a
+    replica with TensorRT then loads that engine from the shared cache instead of building."""
+    builds = (version.validation_report or {}).get("tensorrt") or {}
+    built = [(e.get("finished_at") or "", p) for p, e in builds.items()
+             if isinstance(e, dict) and e.get("status") == "built"]
+    return max(built)[1] if built else "fp32"
 
 
 def build_desired_state() -> DesiredState:

@@ -18,9 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from serving.batching import DynamicBatcher
 from serving.dataplane import DataPlane, LoadedVersion, RouteTable
 from serving.routes import DesiredState, DesiredStateSource, ModelRoute, ObservedState, VersionSpec
-from serving.runtime import OnnxRuntime, select_providers
+from serving.runtime import TENSORRT, OnnxRuntime, select_providers
 from serving.signature import batch_dimension
 from serving.stats import VersionStats
+from serving.trt_cache import engine_dir
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +52,21 @@ def load_version(spec: VersionSpec, *, intra_op_threads: int = 0,
                              f"file has {actual}")
     batched = spec.batching.max_batch_size > 0 and batch_dimension(spec.signature)
     config = spec.batching if batched else dataclasses.replace(spec.batching, max_batch_size=0)
+    chosen = select_providers(providers)
+    trt: dict = {}
+    if TENSORRT in chosen and spec.trt_cache_root:
+        folder, _, profile = engine_dir(
+            spec.trt_cache_root, sha256=spec.sha256 or _sha256(spec.artifact_path),
+            precision=spec.trt_precision, signature=spec.signature,
+            max_batch_size=config.max_batch_size)
+        trt = {"trt_cache_dir": folder, "trt_fp16": spec.trt_precision == "fp16",
+               "trt_profile": profile}
     try:
         runtime = OnnxRuntime(
-            spec.artifact_path, providers=select_providers(providers),
+            spec.artifact_path, providers=chosen,
             intra_op_threads=spec.intra_op_threads or intra_op_threads,
             graph_optimization_level=spec.graph_optimization_level,
-            instance_count=config.instance_count,
+            instance_count=config.instance_count, **trt,
         ).load()
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
         raise LoadFailed(f"onnxruntime could not load it: {exc}") from None

@@ -39,6 +39,10 @@ class VersionSpec:
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     intra_op_threads: int = 0
     graph_optimization_level: str = "all"
+    # TensorRT (used only where the replica has it): the precision to run and the root of the
+    # shared engine cache, so a replica reuses the engine a build job made for the same GPU.
+    trt_precision: str = "fp32"
+    trt_cache_root: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:

@@ -141,6 +141,7 @@ class OnnxRuntime:
         graph_optimization_level: str = "all",
         trt_cache_dir: str | os.PathLike | None = None,
         trt_fp16: bool = False,
+        trt_profile: dict | None = None,
         instance_count: int = 1,
         allow_spinning: bool = False,
     ) -> None:
@@ -154,6 +155,7 @@ class OnnxRuntime:
         self.graph_optimization_level = graph_optimization_level
         self.trt_cache_dir = os.fspath(trt_cache_dir) if trt_cache_dir else None
         self.trt_fp16 = trt_fp16
+        self.trt_profile = trt_profile  # explicit min/opt/max shapes (serving.trt_cache)
         self.instance_count = max(1, instance_count)
         self.allow_spinning = allow_spinning
         self.providers: list[str] = []
@@ -193,6 +195,8 @@ class OnnxRuntime:
                 opts.update(
                     trt_engine_cache_enable=True, trt_engine_cache_path=self.trt_cache_dir,
                     trt_timing_cache_enable=True, trt_timing_cache_path=self.trt_cache_dir)
+            if self.trt_profile:
+                opts.update(self.trt_profile)
             return (name, opts)
         return name
 

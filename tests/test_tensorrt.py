@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from django.db import transaction
 
 from registry import samples
 from registry.models import AuditEvent
@@ -99,3 +100,65 @@ def test_on_a_gpu_the_engine_is_built_into_its_keyed_cache(ready_model, engineer
     folder = Path(entry["cache_dir"])
     assert folder.name == entry["cache_key"]
     assert all((folder / name).stat().st_size > 0 for name in entry["engines"])
+
+
+def test_replicas_are_told_the_built_precision_and_the_shared_cache(ready_model, settings):
+    """What a replica needs to reuse a build: the registry's spec names the precision of the
+    newest built engine and the cache root; both sides compute the same keyed folder."""
+    from registry.artifacts import default_store
+    from registry.models import ModelVersion
+    from registry.serving_source import _spec
+    from registry.tensorrt import save_status
+    from serving.trt_cache import engine_dir
+
+    ready_model("fraud", samples.mlp())
+    version = ModelVersion.objects.get(model__name="fraud", number=1)
+    spec = _spec(version, default_store())
+    assert (spec.trt_precision, spec.trt_cache_root) == ("fp32", str(settings.TRT_CACHE_DIR))
+    def save(precision: str, status: str, day: int) -> None:
+        with transaction.atomic():
+            save_status(version.pk, precision, {"status": status,
+                                                "finished_at": f"2026-01-0{day}T00:00:00"})
+
+    save("fp16", "skipped", 2)
+    version.refresh_from_db()
+    assert _spec(version, default_store()).trt_precision == "fp32"  # nothing built: plain fp32
+    save("fp32", "built", 1)
+    save("fp16", "built", 3)
+    version.refresh_from_db()
+    spec = _spec(version, default_store())
+    assert spec.trt_precision == "fp16"  # the newest build wins
+    replica_side = engine_dir(spec.trt_cache_root, sha256=spec.sha256, precision="fp16",
+                              signature=spec.signature,
+                              max_batch_size=spec.batching.max_batch_size)
+    build_side = engine_dir(settings.TRT_CACHE_DIR, sha256=version.sha256, precision="fp16",
+                            signature=version.signature, max_batch_size=version.max_batch_size)
+    assert replica_side == build_side
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_a_replica_loads_the_engine_the_build_job_made_instead_of_building(ready_model,
+                                                                           engineer):
+    from pathlib import Path
+
+    from registry.artifacts import default_store
+    from registry.models import ModelVersion
+    from registry.serving_source import _spec
+    from serving.reconciler import load_version
+
+    ready_model("fraud", samples.mlp())
+    engineer.post("/api/v1/models/fraud/versions/1/tensorrt/", {"precision": "fp16"},
+                  format="json")
+    entry = wait_build(engineer, "fraud", 1, "fp16")["validation_report"]["tensorrt"]["fp16"]
+    assert entry["status"] == "built", entry["message"]
+    folder = Path(entry["cache_dir"])
+    before = {p.name: p.stat().st_mtime_ns for p in folder.glob("*.engine")}
+    spec = _spec(ModelVersion.objects.get(model__name="fraud", number=1), default_store())
+    started = time.perf_counter()
+    lv = load_version(spec)
+    load_seconds = time.perf_counter() - started
+    assert lv.runtime.providers[0] == "TensorrtExecutionProvider"
+    after = {p.name: p.stat().st_mtime_ns for p in folder.glob("*.engine")}
+    assert after == before  # reused, not rebuilt
+    print(f"\nbuild {entry['build_seconds']} s, replica load from cache {load_seconds:.3f} s")
