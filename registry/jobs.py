@@ -383,5 +383,12 @@ def progress(job: Job) -> dict:
                                      .total_seconds(), 2) if job.started_at else None}
 
 
+def result_url(job: Job) -> str | None:
+    """Where the result downloads from, while there is one to download."""
+    if job.status != JobStatus.SUCCEEDED or job.expired:
+        return None
+    return f"/api/v1/jobs/{job.pk}/result/"
+
+
 def chunk_count(rows: int, chunk_rows: int) -> int:
     return max(1, math.ceil(rows / chunk_rows))

@@ -10,7 +10,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from registry import selectors
-from registry.jobs import progress
+from registry.jobs import progress, result_url
 from registry.models import JobKind, JobStatus
 from registry.services import jobs as job_services
 
@@ -19,13 +19,11 @@ from .access import requires, run_service
 from .models import found
 
 PAGE_SIZE = 25
-ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
 def _row(job) -> dict:
-    return {"job": job, "progress": progress(job), "active": job.status in ACTIVE,
-            "result_url": (f"/api/v1/jobs/{job.pk}/result/"
-                           if job.status == JobStatus.SUCCEEDED and not job.expired else None)}
+    return {"job": job, "progress": progress(job), "active": not job.finished,
+            "result_url": result_url(job)}
 
 
 @require_GET

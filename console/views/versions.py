@@ -10,7 +10,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from registry import selectors
 from registry.services import tensorrt as trt_services
-from registry.tensorrt import PRECISIONS
+from registry.tensorrt import BUILDING, PRECISIONS, QUEUED
 
 from .. import tryit
 from ..forms import error_text
@@ -30,16 +30,15 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
     inputs = tryit.example_inputs(signature)
     outputs = signature.get("outputs") or []
     base = request.build_absolute_uri("/")
+    builds = (version.validation_report or {}).get("tensorrt") or {}
     context = {
         "model": version.model, "version": version, "signature": signature,
         "inputs": inputs, "outputs": outputs,
         "report": version.validation_report or {},
-        "engines": [{"precision": p, **((version.validation_report or {}).get("tensorrt") or {})
-                     .get(p, {})} for p in PRECISIONS],
+        "engines": [{"precision": p, **builds.get(p, {})} for p in PRECISIONS],
         "precisions": PRECISIONS,
-        "engines_pending": any(
-            (e or {}).get("status") in ("queued", "building")
-            for e in ((version.validation_report or {}).get("tensorrt") or {}).values()),
+        "engines_pending": any((e or {}).get("status") in (QUEUED, BUILDING)
+                               for e in builds.values()),
         "serving": [(f, getattr(version, f)) for f in SERVING_FIELDS],
         "infer_url": f"/v2/models/{name}/versions/{number}/infer",
         "curl": tryit.curl_snippet(base, name, number, inputs),

@@ -25,7 +25,7 @@ from rest_framework.views import APIView
 from .. import selectors
 from ..errors import InvalidRequest, LifecycleError, NotFound, PayloadTooLarge
 from ..jobfiles import FileWriter, job_dir
-from ..jobs import progress
+from ..jobs import progress, result_url
 from ..models import Dataset, Job, JobStatus
 from ..services import jobs as svc
 from .views import actor, valid
@@ -70,9 +70,7 @@ class JobSerializer(serializers.ModelSerializer):
         return f"/api/v1/jobs/{obj.pk}/"
 
     def get_result_url(self, obj) -> str | None:
-        if obj.status != JobStatus.SUCCEEDED or obj.expired:
-            return None
-        return f"/api/v1/jobs/{obj.pk}/result/"
+        return result_url(obj)
 
 
 class BatchSerializer(serializers.Serializer):
