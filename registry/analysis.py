@@ -78,10 +78,13 @@ def decide(plan: dict, step: int, *, candidate: dict, stable: dict, baked: bool,
     max_p99_ratio x stable's p99 *and* more than min_p99_increase_ms above it, because on a
     shared host a sub-millisecond model's p99 is scheduler noise and a ratio of two noise figures
     would roll back healthy candidates."""
+    # A plan stored before min_p99_increase_ms existed judges as it did then: no tolerance.
+    slack = plan.get("min_p99_increase_ms", 0.0)
     figures = {"step": step, "weight": plan["steps"][step], "candidate": candidate,
-               "stable": stable, "guards": {k: plan[k] for k in
-                                            ("max_p99_ratio", "min_p99_increase_ms",
-                                             "max_error_rate", "min_requests")}}
+               "stable": stable, "guards": {
+                   "max_p99_ratio": plan["max_p99_ratio"], "min_p99_increase_ms": slack,
+                   "max_error_rate": plan["max_error_rate"],
+                   "min_requests": plan["min_requests"]}}
     need = plan["min_requests"]
     if candidate["count"] >= max(need, 1):
         rate = candidate.get("error_rate") or 0.0
@@ -95,7 +98,6 @@ def decide(plan: dict, step: int, *, candidate: dict, stable: dict, baked: bool,
             figures["stable_reference"] = {"window": "since analysis start", **reference}
         c99, s99 = candidate.get("p99_ms"), reference.get("p99_ms")
         comparable = reference["count"] >= max(need, 1) and c99 is not None and bool(s99)
-        slack = plan.get("min_p99_increase_ms", 0.0)
         if comparable and c99 > plan["max_p99_ratio"] * s99 and c99 - s99 > slack:
             return Decision("rollback", f"candidate p99 {c99:.2f} ms > "
                             f"{plan['max_p99_ratio']} x stable p99 {s99:.2f} ms "

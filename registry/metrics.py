@@ -85,11 +85,9 @@ def version_series(model: str, version: int, *, seconds: int = 300) -> list[dict
     first = int(time.time()) // width - seconds // width
     rows = MetricSample.objects.filter(model_name=model, version=version)
     samples = list(rows.filter(bucket__gte=first).order_by("replica", "bucket"))
-    # Each replica's newest sample before the window is the baseline of its first point there
-    # (heartbeats may skip buckets, so "the bucket before" is not enough). A replica with none
-    # started inside the window: its first sample counts from zero, as in version_window.
-    # One query, cheap however long the history: per replica seen in the window, the unique
-    # (replica, model, version, bucket) index finds its newest older sample.
+    # Baseline of each replica's first point: its newest sample before the window (heartbeats
+    # may skip buckets), found per replica through the unique (replica, model, version, bucket)
+    # index in one query. A replica with none started inside the window and counts from zero.
     newest_older = (rows.filter(replica=OuterRef("replica"), bucket__lt=first)
                     .order_by("-bucket").values("pk")[:1])
     baselines = (rows.filter(bucket__gte=first).values("replica").distinct()

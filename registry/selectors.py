@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.db.models import Count, OuterRef, Prefetch, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -92,10 +91,7 @@ def job_list(*, kind: str = "", status: str = "", model: str = "") -> QuerySet[J
 
 
 def job_get(job_id) -> Job:
-    try:
-        job = job_list().filter(pk=job_id).first()
-    except (ValueError, ValidationError):  # not a UUID
-        job = None
+    job = job_list().filter(pk=job_id).first()
     if job is None:
         raise NotFound(f"job {job_id} does not exist", field="job")
     return job

@@ -22,6 +22,7 @@ from .audit import Actor
 from .metrics import record_samples
 from .models import Endpoint, EndpointApiKey, ModelVersion, ReplicaHeartbeat, VersionStatus
 from .notify import CHANNEL, current_revision, subscribe_in_process
+from .tensorrt import BUILT
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def served_precision(version: ModelVersion) -> str:
     replica with TensorRT then loads that engine from the shared cache instead of building."""
     builds = (version.validation_report or {}).get("tensorrt") or {}
     built = [(e.get("finished_at") or "", p) for p, e in builds.items()
-             if isinstance(e, dict) and e.get("status") == "built"]
+             if isinstance(e, dict) and e.get("status") == BUILT]
     return max(built)[1] if built else "fp32"
 
 

@@ -504,6 +504,14 @@ def test_a_latency_regression_must_also_exceed_the_absolute_tolerance(slack, act
     assert d.figures["guards"]["min_p99_increase_ms"] == slack
 
 
+def test_a_plan_stored_before_the_tolerance_existed_is_judged_without_one():
+    plan = analysis.clean_plan({"steps": [100], "min_requests": 100})
+    del plan["min_p99_increase_ms"]  # as an analysis started on the previous release holds it
+    d = analysis.decide(plan, 0, candidate=figures(400, 0, 1.8), stable=figures(800, 0, 0.4),
+                        baked=True)
+    assert d.action == "rollback" and d.figures["guards"]["min_p99_increase_ms"] == 0.0
+
+
 @pytest.mark.parametrize("plan", [{"steps": []}, {"steps": [50, 10]}, {"steps": [0, 50]},
                                   {"bake_seconds": -1}, {"max_p99_ratio": 0.5},
                                   {"min_p99_increase_ms": -1}, {"min_p99_increase_ms": "1"},
