@@ -7,7 +7,8 @@ nothing); with a delay the batcher waits up to that long for a preferred or full
 
 Per request the cost is one future, one small record and a deque append; the event loop never
 waits on the model. All bookkeeping (queue, stats) happens on the event loop thread, so it needs
-no locks; worker threads only concatenate, run and split.
+no locks; worker threads only concatenate, run and split. Which requests form a batch, and how
+outputs go back to them, is decided by the pure functions in serving.batch_policy.
 """
 
 from __future__ import annotations
@@ -20,13 +21,10 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from time import perf_counter_ns
 
-import numpy as np
-
+from serving.batch_policy import Tensors, batch_key, form_batch, merge_inputs, split_outputs
 from serving.errors import ModelNotReady, QueueFull
 from serving.routes import BatchingConfig
 from serving.stats import VersionStats
-
-Tensors = dict[str, np.ndarray]
 
 
 class _Request:
@@ -41,32 +39,6 @@ class _Request:
         self.rows = rows
         self.key = key
         self.enqueued_ns = enqueued_ns
-
-
-def _batch_key(inputs: Tensors) -> tuple[int, tuple | None]:
-    """(rows, key): requests with equal keys (names, dtypes, trailing dims) can be merged.
-
-    A request whose inputs disagree on the first dimension, or has a scalar, gets key None and
-    runs on its own. The one-input case is the common one and has its own short path.
-    """
-    if len(inputs) == 1:
-        name, a = next(iter(inputs.items()))
-        shape = a.shape
-        if not shape:
-            return 1, None
-        return shape[0], (name, a.dtype.num, shape[1:])
-    rows = -1
-    parts = []
-    for name, a in inputs.items():
-        shape = a.shape
-        if not shape or (rows >= 0 and shape[0] != rows):
-            return max(rows, 1), None
-        rows = shape[0]
-        parts.append((name, a.dtype.num, shape[1:]))
-    if rows < 0:
-        return 1, None
-    parts.sort()
-    return rows, tuple(parts)
 
 
 class DynamicBatcher:
@@ -132,7 +104,7 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if self._max_rows:
-            rows, key = _batch_key(inputs)
+            rows, key = batch_key(inputs)
         else:
             rows, key = 1, None
         self._queue.append(_Request(inputs, future, rows, key, perf_counter_ns()))
@@ -178,55 +150,24 @@ class DynamicBatcher:
             self.stats.pending -= 1
         if not q:
             return None
-        head = q[0]
-        if head.key is None or not self._max_rows:
-            q.popleft()
-            self.stats.pending -= 1
-            return [head]
-        # Compatible requests in arrival order, up to max_batch_size rows.
-        chosen: list[_Request] = []
-        rows = 0
-        full = False
-        contiguous = True
-        for r in q:
-            if r.key != head.key or r.future.done():
-                contiguous = False
-                continue
-            if chosen and rows + r.rows > self._max_rows:
-                full = True
-                break
-            chosen.append(r)
-            rows += r.rows
-            if rows >= self._max_rows:
-                full = True
-                break
-        if self._delay_ns and not full:
-            if self._preferred:
-                total, best = 0, 0
-                for i, r in enumerate(chosen):
-                    total += r.rows
-                    if total in self._preferred:
-                        best = i + 1
-                if best:
-                    chosen = chosen[:best]
-                    full = True
-            if not full:
-                waited = perf_counter_ns() - head.enqueued_ns
-                if waited < self._delay_ns:
-                    if self._timer is None:
-                        self._timer = loop.call_later(
-                            (self._delay_ns - waited) / 1e9, self._on_timer)
-                    return None
-        if contiguous:
-            for _ in chosen:
-                q.popleft()
-        else:
-            taken = {id(r) for r in chosen}
-            self._queue = deque(
-                r for r in q if id(r) not in taken and not r.future.done())
-            self.stats.pending = len(self._queue)
+        delay_ns = self._delay_ns
+        decision = form_batch(
+            ((r.rows, None if r.future.done() else r.key) for r in q),
+            max_rows=self._max_rows, preferred=self._preferred, delay_ns=delay_ns,
+            waited_ns=perf_counter_ns() - q[0].enqueued_ns if delay_ns else 0)
+        take = decision.take
+        if not take:
+            if self._timer is None:
+                self._timer = loop.call_later(decision.wait_ns / 1e9, self._on_timer)
+            return None
+        if take[-1] == len(take) - 1:  # a prefix of the queue: the common case
+            chosen = [q.popleft() for _ in take]
+            self.stats.pending -= len(chosen)
             return chosen
-        self.stats.pending -= len(chosen)
+        chosen = [q[i] for i in take]
+        taken = {id(r) for r in chosen}
+        self._queue = deque(r for r in q if id(r) not in taken and not r.future.done())
+        self.stats.pending = len(self._queue)
         return chosen
 
     def _on_timer(self) -> None:
@@ -294,19 +235,11 @@ class DynamicBatcher:
         error: BaseException | None = None
         t1 = t2 = t0
         try:
-            if len(batch) == 1:
-                feeds = batch[0].inputs
-            else:
-                first = batch[0].inputs
-                feeds = {name: np.concatenate([r.inputs[name] for r in batch])
-                         for name in first}
+            feeds = merge_inputs([r.inputs for r in batch])
             t1 = perf_counter_ns()
             outputs = self._run(feeds)
             t2 = perf_counter_ns()
-            if len(batch) == 1:
-                parts = [outputs]
-            else:
-                parts = _split(outputs, batch)
+            parts = split_outputs(outputs, [r.rows for r in batch])
         except BaseException as exc:  # noqa: BLE001 - any failure belongs to this batch's callers
             error = exc
             parts = None
@@ -348,18 +281,3 @@ class DynamicBatcher:
                 self._jobs.put(None)
             self._threads = []
 
-
-def _split(outputs: Tensors, batch: list[_Request]) -> list[Tensors]:
-    """Each request's rows of every output (views, no copies)."""
-    total = sum(r.rows for r in batch)
-    for name, a in outputs.items():
-        if a.ndim == 0 or a.shape[0] != total:
-            raise ValueError(f"output {name!r} has shape {list(a.shape)}: no batch dimension of "
-                             f"{total} rows to split between {len(batch)} requests")
-    parts = []
-    start = 0
-    for r in batch:
-        end = start + r.rows
-        parts.append({name: a[start:end] for name, a in outputs.items()})
-        start = end
-    return parts
