@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
 from serving.batching import DynamicBatcher
 from serving.dataplane import DataPlane, LoadedVersion, RouteTable
+from serving.hashing import file_sha256
 from serving.routes import DesiredState, DesiredStateSource, ModelRoute, ObservedState, VersionSpec
 from serving.runtime import TENSORRT, OnnxRuntime, select_providers
 from serving.signature import batch_dimension
@@ -30,14 +30,6 @@ class LoadFailed(Exception):
     """A version could not be verified, loaded or warmed up; the message is the reason."""
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def load_version(spec: VersionSpec, *, intra_op_threads: int = 0,
                  providers: list[str] | None = None) -> LoadedVersion:
     """Verify, load and warm one version (blocking; call from a worker thread)."""
@@ -46,7 +38,7 @@ def load_version(spec: VersionSpec, *, intra_op_threads: int = 0,
     if not os.path.isfile(spec.artifact_path):
         raise LoadFailed(f"artifact {spec.artifact_path} does not exist")
     if spec.sha256:
-        actual = _sha256(spec.artifact_path)
+        actual = file_sha256(spec.artifact_path)
         if actual != spec.sha256:
             raise LoadFailed(f"artifact sha256 mismatch: expected {spec.sha256}, "
                              f"file has {actual}")
@@ -56,7 +48,7 @@ def load_version(spec: VersionSpec, *, intra_op_threads: int = 0,
     trt: dict = {}
     if TENSORRT in chosen and spec.trt_cache_root:
         folder, _, profile = engine_dir(
-            spec.trt_cache_root, sha256=spec.sha256 or _sha256(spec.artifact_path),
+            spec.trt_cache_root, sha256=spec.sha256 or file_sha256(spec.artifact_path),
             precision=spec.trt_precision, signature=spec.signature,
             max_batch_size=config.max_batch_size)
         trt = {"trt_cache_dir": folder, "trt_fp16": spec.trt_precision == "fp16",
@@ -180,8 +172,20 @@ class Reconciler:
         return True
 
     async def _apply(self, desired: DesiredState) -> None:
+        """Load what is missing, build the new table, swap it in, retire what it no longer uses."""
         old = self.dataplane.table
-        loop = asyncio.get_running_loop()
+        fresh = await self._load_missing(desired, old)
+        loaded = self._keep_loaded(desired, fresh, old)
+        routes = self._build_routes(desired, loaded, old)
+        status = self._version_status(desired, loaded)
+        self.dataplane.table = RouteTable(desired.revision, routes, loaded, status)  # the swap
+        self.dataplane.started = True
+        self._retire_unused(old, loaded)
+
+    async def _load_missing(self, desired: DesiredState,
+                            old: RouteTable) -> dict[tuple[str, str], LoadedVersion]:
+        """Load (in parallel, off the loop) every version the old table lacks or has with other
+        settings; a failure is remembered so the same spec is not retried every poll."""
         to_load = []
         for key, spec in desired.versions.items():
             have = old.loaded.get(key)
@@ -191,21 +195,7 @@ class Reconciler:
             if failed is not None and failed[0] == spec:
                 continue  # the same artifact and settings failed before: do not retry
             to_load.append(spec)
-
-        async def load(spec: VersionSpec) -> tuple[VersionSpec, LoadedVersion | str]:
-            self._loading[spec.key] = spec
-            try:
-                return spec, await loop.run_in_executor(
-                    self._loader, lambda: load_version(
-                        spec, intra_op_threads=self.intra_op_threads, providers=self.providers))
-            except LoadFailed as exc:
-                return spec, str(exc)
-            except Exception as exc:  # noqa: BLE001 - any failure is that version's alone
-                return spec, f"{type(exc).__name__}: {exc}"
-            finally:
-                self._loading.pop(spec.key, None)
-
-        results = await asyncio.gather(*(load(s) for s in to_load))
+        results = await asyncio.gather(*(self._load(s) for s in to_load))
         fresh: dict[tuple[str, str], LoadedVersion] = {}
         for spec, outcome in results:
             if isinstance(outcome, str):
@@ -214,19 +204,49 @@ class Reconciler:
             else:
                 self._failed.pop(spec.key, None)
                 fresh[spec.key] = outcome
+        return fresh
 
+    async def _load(self, spec: VersionSpec) -> tuple[VersionSpec, LoadedVersion | str]:
+        """One version loaded in the loader pool: the LoadedVersion, or why it failed."""
+        self._loading[spec.key] = spec
+        try:
+            return spec, await asyncio.get_running_loop().run_in_executor(
+                self._loader, lambda: load_version(
+                    spec, intra_op_threads=self.intra_op_threads, providers=self.providers))
+        except LoadFailed as exc:
+            return spec, str(exc)
+        except Exception as exc:  # noqa: BLE001 - any failure is that version's alone
+            return spec, f"{type(exc).__name__}: {exc}"
+        finally:
+            self._loading.pop(spec.key, None)
+
+    @staticmethod
+    def _keep_loaded(desired: DesiredState, fresh: dict[tuple[str, str], LoadedVersion],
+                     old: RouteTable) -> dict[tuple[str, str], LoadedVersion]:
+        """Desired versions that are loaded: freshly, or already with the same spec."""
         loaded: dict[tuple[str, str], LoadedVersion] = {}
         for key, spec in desired.versions.items():
             if key in fresh:
                 loaded[key] = fresh[key]
             elif key in old.loaded and old.loaded[key].spec == spec:
                 loaded[key] = old.loaded[key]
+        return loaded
+
+    def _build_routes(self, desired: DesiredState, loaded: dict[tuple[str, str], LoadedVersion],
+                      old: RouteTable) -> dict[str, ModelRoute]:
+        """Every desired route, made routable; a kept old route keeps its versions in `loaded`."""
         routes: dict[str, ModelRoute] = {}
         for name, route in desired.routes.items():
             routes[name] = self._routable(route, loaded, old, name)
-            for v in routes[name].versions():  # a kept old route keeps its versions loaded
+            for v in routes[name].versions():
                 if (name, v) not in loaded and (name, v) in old.loaded:
                     loaded[(name, v)] = old.loaded[(name, v)]
+        return routes
+
+    def _version_status(self, desired: DesiredState, loaded: dict[tuple[str, str], LoadedVersion],
+                        ) -> dict[tuple[str, str], tuple[str, str | None]]:
+        """READY / FAILED (why) / UNAVAILABLE per desired version; forgets failures of versions
+        no longer desired."""
         status: dict[tuple[str, str], tuple[str, str | None]] = {}
         for key in desired.versions:
             if key in loaded:
@@ -237,10 +257,13 @@ class Reconciler:
                 status[key] = ("UNAVAILABLE", "not loaded")
         for key in set(self._failed) - set(desired.versions):
             del self._failed[key]
+        return status
 
-        self.dataplane.table = RouteTable(desired.revision, routes, loaded, status)  # the swap
-        self.dataplane.started = True
+    def _retire_unused(self, old: RouteTable,
+                       loaded: dict[tuple[str, str], LoadedVersion]) -> None:
+        """Drain and unload, in the background, every old version the new table dropped."""
         keep = {id(lv) for lv in loaded.values()}
+        loop = asyncio.get_running_loop()
         for lv in old.loaded.values():
             if id(lv) not in keep:
                 task = loop.create_task(self._retire(lv))
