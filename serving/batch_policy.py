@@ -84,17 +84,22 @@ def form_batch(
             full = True
             break
     if delay_ns and not full:
-        if preferred:
-            total, best = 0, 0
-            for n, size in enumerate(sizes, 1):
-                total += size
-                if total in preferred:
-                    best = n
-            if best:
-                return BatchDecision(tuple(chosen[:best]))
+        best = _preferred_prefix(sizes, preferred)
+        if best:
+            return BatchDecision(tuple(chosen[:best]))
         if waited_ns < delay_ns:
             return BatchDecision((), delay_ns - waited_ns)
     return BatchDecision(tuple(chosen))
+
+
+def _preferred_prefix(sizes: list[int], preferred: frozenset[int]) -> int:
+    """How many of the candidates make the largest preferred batch (0: none does)."""
+    total, best = 0, 0
+    for n, size in enumerate(sizes, 1):
+        total += size
+        if total in preferred:
+            best = n
+    return best
 
 
 def merge_inputs(parts: Sequence[Tensors]) -> Tensors:

@@ -203,6 +203,22 @@ def _params(value: Any, what: str) -> dict:
 def _decode_input(
     spec: Any, index: int, body: bytes, offset: int, end: int,
 ) -> tuple[InputTensor, int]:
+    """One entry of 'inputs' and the offset of the next binary block: its values come either
+    from binary data at `offset` (binary_data_size) or from its JSON 'data'."""
+    name, datatype, dtype, shape, parameters = _input_header(spec, index)
+    data = spec.get("data", _MISSING)
+    size = parameters.get("binary_data_size")
+    if size is not None:
+        if data is not _MISSING:
+            raise InvalidInput(f"input '{name}' has both 'data' and binary_data_size")
+        array = _binary_input(name, datatype, dtype, shape, size, body, offset, end)
+        return InputTensor(name, datatype, shape, parameters, array), offset + size
+    array = _json_input(name, datatype, dtype, shape, data)
+    return InputTensor(name, datatype, shape, parameters, array), offset
+
+
+def _input_header(spec: Any, index: int) -> tuple[str, str, np.dtype, list[int], dict]:
+    """name, datatype, dtype, shape and parameters of one input, each checked."""
     if type(spec) is not dict:
         raise InvalidInput(f"inputs[{index}] must be a JSON object")
     name = spec.get("name")
@@ -220,33 +236,35 @@ def _decode_input(
     for d in shape:
         if type(d) is not int or d < 0:
             raise InvalidInput(f"input '{name}': shape must be a list of non-negative integers")
-    count = math.prod(shape)
     parameters = _params(spec.get("parameters"), f"input '{name}' parameters")
-    size = parameters.get("binary_data_size")
-    data = spec.get("data", _MISSING)
+    return name, datatype, dtype, shape, parameters
 
-    if size is not None:
-        if data is not _MISSING:
-            raise InvalidInput(f"input '{name}' has both 'data' and binary_data_size")
-        if type(size) is not int or size < 0:
-            raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer")
-        if offset + size > end:
-            raise InvalidInput(
-                f"input '{name}': binary_data_size is {size} but only {end - offset} bytes "
-                "of binary data remain"
-            )
-        if datatype == "BYTES":
-            array = _binary_bytes(body, offset, size, count, name).reshape(shape)
-        else:
-            expected = count * dtype.itemsize
-            if size != expected:
-                raise InvalidInput(
-                    f"input '{name}': binary_data_size is {size} but shape {shape} of "
-                    f"{datatype} needs {expected} bytes"
-                )
-            array = np.frombuffer(body, dtype, count, offset).reshape(shape)
-        return InputTensor(name, datatype, shape, parameters, array), offset + size
 
+def _binary_input(name: str, datatype: str, dtype: np.dtype, shape: list[int], size: Any,
+                  body: bytes, offset: int, end: int) -> np.ndarray:
+    """The input's `size` bytes at `offset` of the body, as a read-only view where possible."""
+    if type(size) is not int or size < 0:
+        raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer")
+    if offset + size > end:
+        raise InvalidInput(
+            f"input '{name}': binary_data_size is {size} but only {end - offset} bytes "
+            "of binary data remain"
+        )
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        return _binary_bytes(body, offset, size, count, name).reshape(shape)
+    expected = count * dtype.itemsize
+    if size != expected:
+        raise InvalidInput(
+            f"input '{name}': binary_data_size is {size} but shape {shape} of "
+            f"{datatype} needs {expected} bytes"
+        )
+    return np.frombuffer(body, dtype, count, offset).reshape(shape)
+
+
+def _json_input(name: str, datatype: str, dtype: np.dtype, shape: list[int],
+                data: Any) -> np.ndarray:
+    """The input's JSON 'data', converted once and checked against the shape."""
     if data is _MISSING:
         raise InvalidInput(f"input '{name}' has neither 'data' nor binary_data_size")
     if type(data) is not list:
@@ -257,11 +275,12 @@ def _decode_input(
         raise InvalidInput(f"input '{name}': {datatype} is only accepted as binary data")
     else:
         array = _json_numeric(data, datatype, dtype, name)
+    count = math.prod(shape)
     if array.size != count:
         raise InvalidInput(
             f"input '{name}': 'data' has {array.size} elements but shape {shape} needs {count}"
         )
-    return InputTensor(name, datatype, shape, parameters, array.reshape(shape)), offset
+    return array.reshape(shape)
 
 
 def _json_numeric(data: list, datatype: str, dtype: np.dtype, name: str) -> np.ndarray:
