@@ -7,16 +7,12 @@ import json
 import math
 import shlex
 
+from serving.dtypes import NUMPY_TYPE_NAMES
+
 #: Above this many elements an input is not prefilled (the page would be megabytes).
 MAX_PREFILL = 20_000
 #: Snippets carry at most this many values per input (and say so when they cut).
 SNIPPET_VALUES = 256
-
-NUMPY_DTYPES = {
-    "BOOL": "bool_", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32",
-    "UINT64": "uint64", "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
-    "FP16": "float16", "FP32": "float32", "FP64": "float64", "BYTES": "object_",
-}
 
 
 def example_shape(shape: list | None) -> list[int]:
@@ -84,7 +80,7 @@ def tritonclient_snippet(host: str, model: str, number: int, inputs: list[dict],
              f"client = httpclient.InferenceServerClient(url={host!r})",
              "inputs = []"]
     for row in inputs:
-        dtype = NUMPY_DTYPES.get(row["datatype"], "float32")
+        dtype = NUMPY_TYPE_NAMES.get(row["datatype"], "float32")
         var = "t_" + "".join(c if c.isalnum() else "_" for c in row["name"])
         if row["datatype"] == "BYTES":
             make = f"np.array([b'example'] * {row['count']}, dtype=np.object_)"

@@ -16,37 +16,11 @@ from typing import Any
 import numpy as np
 import orjson
 
+from serving.dtypes import DATATYPE_BY_DTYPE, DATATYPES, NOT_IN_NUMPY
 from serving.errors import InvalidInput, ServerFault
 
-try:  # BF16 has no numpy type; ml_dtypes provides one (binary only on the wire).
-    from ml_dtypes import bfloat16 as _bfloat16
-except ImportError:  # pragma: no cover - exercised only where ml_dtypes is absent
-    _bfloat16 = None
-
-#: v2 datatype -> numpy dtype (explicitly little-endian, as the binary extension is).
-#: BYTES maps to object: elements are Python bytes.
-DATATYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype("?"),
-    "UINT8": np.dtype("u1"),
-    "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"),
-    "UINT64": np.dtype("<u8"),
-    "INT8": np.dtype("i1"),
-    "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"),
-    "FP32": np.dtype("<f4"),
-    "FP64": np.dtype("<f8"),
-    "BYTES": np.dtype(object),
-}
-if _bfloat16 is not None:
-    DATATYPES["BF16"] = np.dtype(_bfloat16)
-
-_DATATYPE_BY_DTYPE: dict[np.dtype, str] = {
-    dt: name for name, dt in DATATYPES.items() if name != "BYTES"
-}
-_BINARY_ONLY = frozenset({"BF16"})
+#: BF16 and the like: JSON cannot carry them (see serving.dtypes).
+_BINARY_ONLY = NOT_IN_NUMPY
 #: which numpy kinds a JSON array may arrive as for each datatype (see _json_numeric).
 _JSON_KINDS = {"BOOL": "b", "FP16": "iuf", "FP32": "iuf", "FP64": "iuf"}
 _U32 = struct.Struct("<I")
@@ -411,13 +385,13 @@ def _decode_outputs(raw: Any, binary_output: bool) -> list[RequestedOutput] | No
 
 def datatype_of(array: np.ndarray) -> str:
     """The v2 datatype name for a numpy array a runtime produced."""
-    name = _DATATYPE_BY_DTYPE.get(array.dtype)
+    name = DATATYPE_BY_DTYPE.get(array.dtype)
     if name is not None:
         return name
     if array.dtype.kind in "OUS":
         return "BYTES"
     if not array.dtype.isnative:
-        name = _DATATYPE_BY_DTYPE.get(array.dtype.newbyteorder("="))
+        name = DATATYPE_BY_DTYPE.get(array.dtype.newbyteorder("="))
         if name is not None:
             return name
     raise ServerFault(f"numpy dtype {array.dtype} has no v2 datatype")

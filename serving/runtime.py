@@ -17,18 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from serving.dtypes import NUMPY_DTYPES
+
 TENSORRT = "TensorrtExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
 _GPU_PROVIDERS = (TENSORRT, CUDA)
 
-# v2 datatype -> numpy dtype (BF16 has no numpy type; BYTES travels as an object array).
-V2_TO_NUMPY: dict[str, Any] = {
-    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
-    "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
-    "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
-    "BYTES": np.object_,
-}
 # onnxruntime's type strings -> v2 datatype.
 _ORT_TO_V2 = {
     "tensor(bool)": "BOOL", "tensor(uint8)": "UINT8", "tensor(uint16)": "UINT16",
@@ -105,8 +100,8 @@ def example_inputs(signature: dict, batch: int = 1) -> dict[str, np.ndarray]:
         dims = _dims(spec.get("shape"), batch)
         if dtype == "BYTES":
             feeds[spec["name"]] = np.full(dims, b"x", dtype=object)
-        elif dtype in V2_TO_NUMPY:
-            feeds[spec["name"]] = np.zeros(dims, dtype=V2_TO_NUMPY[dtype])
+        elif dtype in NUMPY_DTYPES:
+            feeds[spec["name"]] = np.zeros(dims, dtype=NUMPY_DTYPES[dtype])
         else:
             raise ValueError(f"input {spec['name']!r}: datatype {dtype} has no numpy type")
     return feeds
