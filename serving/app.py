@@ -12,15 +12,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import orjson
 
 from serving.codec import decode_infer_request, sagemaker_header_length
+from serving.compression import MAX_BODY_BYTES, decompress
 from serving.dataplane import DataPlane
-from serving.errors import InvalidInput, ModelNotFound, ServingError
+from serving.errors import (
+    InvalidInput,
+    MethodNotAllowed,
+    ModelNotFound,
+    PayloadTooLarge,
+    ServingError,
+)
 from serving.reconciler import Reconciler
 from serving.routes import DesiredStateSource
 from serving.stats import ServingCollector, render_metrics
@@ -40,7 +46,7 @@ _EMPTY_JSON_HEADERS = [_CT_JSON, (b"content-length", b"2")]
 class ServingSettings:
     """The serving process's configuration, read from the environment in one place."""
 
-    max_body_bytes: int = 64 * 1024 * 1024
+    max_body_bytes: int = MAX_BODY_BYTES
     poll_seconds: float = 1.0
     heartbeat_seconds: float = 2.0
     intra_op_threads: int = 0
@@ -56,14 +62,6 @@ class ServingSettings:
             intra_op_threads=int(e.get("MMC_ORT_INTRA_OP_THREADS", 0)),
             providers=[p for p in e.get("MMC_PROVIDERS", "").split(",") if p.strip()],
         )
-
-
-class PayloadTooLarge(ServingError):
-    status = 413
-
-
-class MethodNotAllowed(ServingError):
-    status = 405
 
 
 class _Metrics:
@@ -277,7 +275,7 @@ class ServingApp:
                                   f"{limit} bytes")
         body = await _read_body(receive, scope, limit)
         if encoding is not None:
-            body = _inflate(body, encoding.decode("latin-1"), limit)
+            body = decompress(body, encoding.decode("latin-1"), limit=limit)
         hlen = None
         if header_length is not None:
             if not header_length.isdigit():
@@ -344,33 +342,6 @@ async def _read_body(receive: Receive, scope: Scope, limit: int) -> bytes:
             raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
         parts.append(chunk)
     return b"".join(parts)
-
-
-def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
-    """gzip / deflate request bodies, refusing to inflate past the body limit."""
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    if encoding == "gzip":
-        attempts = (31,)
-    elif encoding == "deflate":  # HTTP deflate is zlib-wrapped; some clients send it raw
-        attempts = (15, -15)
-    else:
-        raise InvalidInput(f"unsupported Content-Encoding {encoding!r} (use gzip or deflate)")
-    error: Exception | None = None
-    for wbits in attempts:
-        inflater = zlib.decompressobj(wbits)
-        try:
-            out = inflater.decompress(body, limit + 1)
-        except zlib.error as exc:
-            error = exc
-            continue
-        if len(out) > limit or inflater.unconsumed_tail:
-            raise PayloadTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
-        if not inflater.eof:
-            raise InvalidInput(f"Content-Encoding {encoding}: body is truncated")
-        return out
-    raise InvalidInput(f"Content-Encoding {encoding}: body does not decompress ({error})")
 
 
 def _headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:

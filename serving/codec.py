@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 import struct
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
 
+from serving.compression import MAX_BODY_BYTES, decompress
 from serving.dtypes import DATATYPE_BY_DTYPE, DATATYPES, NOT_IN_NUMPY
 from serving.errors import InvalidInput, ServerFault
 
@@ -93,14 +93,16 @@ def sagemaker_header_length(content_type: str | None) -> int | None:
 
 def decode_infer_request(
     body: bytes, *, header_length: int | None = None, content_encoding: str | None = None,
+    max_bytes: int = MAX_BODY_BYTES,
 ) -> InferRequest:
     """Parse a v2 infer request (JSON, or JSON header + binary tensors when header_length).
 
     Binary inputs become read-only views over `body`; JSON inputs are converted once.
-    Every malformed detail is an InvalidInput whose message names the input or field.
+    Every malformed detail is an InvalidInput whose message names the input or field; a
+    compressed body that inflates past `max_bytes` is PayloadTooLarge.
     """
     if content_encoding:
-        body = _decompress(body, content_encoding)
+        body = decompress(body, content_encoding, limit=max_bytes)
     end = len(body)
     if header_length is None:
         header: Any = body
@@ -145,25 +147,6 @@ def decode_infer_request(
         )
     outputs = _decode_outputs(doc.get("outputs"), binary_output)
     return InferRequest(request_id, parameters, inputs, outputs, binary_output)
-
-
-def _decompress(body: bytes, encoding: str) -> bytes:
-    encoding = encoding.strip().lower()
-    try:
-        if encoding == "gzip":
-            return zlib.decompress(body, wbits=31)
-        if encoding == "deflate":  # HTTP deflate is zlib-wrapped; some clients send it raw
-            try:
-                return zlib.decompress(body)
-            except zlib.error:
-                return zlib.decompress(body, wbits=-15)
-    except zlib.error as exc:
-        raise InvalidInput(
-            f"Content-Encoding {encoding}: body does not decompress ({exc})"
-        ) from None
-    if encoding == "identity":
-        return body
-    raise InvalidInput(f"unsupported Content-Encoding {encoding!r} (use gzip or deflate)")
 
 
 def _params(value: Any, what: str) -> dict:

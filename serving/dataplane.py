@@ -21,6 +21,7 @@ from serving.errors import (
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
+    NotSupported,
     ServerFault,
     ServingError,
     Unauthorized,
@@ -37,12 +38,6 @@ EXTENSIONS = [
     "model_configuration", "sagemaker", "schedule_policy",
 ]
 _TRITON_TYPES = {"BYTES": "STRING"}
-
-
-class NotSupported(ServingError):
-    """The request is well formed but this deployment does not offer it."""
-
-    status = 501
 
 
 @dataclass(eq=False)

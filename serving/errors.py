@@ -39,10 +39,28 @@ class Unauthorized(ServingError):
         super().__init__(message, headers={"WWW-Authenticate": "Bearer", **(headers or {})})
 
 
+class Forbidden(ServingError):
+    """The caller is known but may not do this (e.g. repository load/unload without the role)."""
+
+    status = 403
+
+
 class ModelNotFound(ServingError):
     """Unknown model or version; the message names which."""
 
     status = 404
+
+
+class MethodNotAllowed(ServingError):
+    """The path exists but not for this HTTP method; `Allow` names the one it takes."""
+
+    status = 405
+
+
+class PayloadTooLarge(ServingError):
+    """A request body (or what it decompresses to) is over the server's limit."""
+
+    status = 413
 
 
 class ModelNotReady(ServingError):
@@ -74,3 +92,9 @@ class ServerFault(ServingError):
     """A genuine server-side failure (the runtime raised, a bug); never the client's fault."""
 
     status = 500
+
+
+class NotSupported(ServingError):
+    """The request is well formed but this deployment does not offer it."""
+
+    status = 501
