@@ -61,10 +61,10 @@ def setup_django(data_dir: str):
     from django.db import transaction
 
     from registry import samples, services
-    from registry.artifacts import default_store
     from registry.audit import Actor
     from registry.models import ModelVersion
     from registry.services import jobs as job_services
+    from registry.store.artifacts import default_store
     from registry.validation import validate_version
 
     job_services.enqueue_job = lambda job_id: None  # this process runs the job itself
@@ -79,8 +79,8 @@ def setup_django(data_dir: str):
 
 def register(path: Path, actor):
     """The dataset as the API would register it, linked instead of copied."""
-    from registry.jobfiles import dataset_path, inspect_dataset
     from registry.models import Dataset
+    from registry.store.files import dataset_path, inspect_dataset
 
     rows, columns = inspect_dataset(path, "npy")
     ds = Dataset(filename=path.name, format="npy", size_bytes=path.stat().st_size,
@@ -92,7 +92,7 @@ def register(path: Path, actor):
 
 
 def run_one(ds, actor, batch: int) -> tuple[float, dict]:
-    from registry.jobs import run_job
+    from registry.jobs.runner import run_job
     from registry.models import Job
     from registry.services.jobs import batch_create
 
@@ -109,7 +109,7 @@ def run_one(ds, actor, batch: int) -> tuple[float, dict]:
 def child(args) -> None:
     """One fresh worker process: set up, then transform one dataset; report peak RSS."""
     version, actor = setup_django(args.data_dir)
-    from registry.jobs import session_for
+    from registry.jobs.lease import session_for
 
     session_for(version)  # loaded before the baseline, as in a warm worker
     ds = register(Path(args.dataset), actor)
@@ -137,7 +137,7 @@ def main() -> None:
 
     # 1. throughput, in this process
     version, actor = setup_django(str(work / "data"))
-    from registry.jobs import session_for
+    from registry.jobs.lease import session_for
 
     runtime = session_for(version)
     ds = register(small, actor)

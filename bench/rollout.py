@@ -113,9 +113,9 @@ def main() -> int:
     from django.core.management import call_command
 
     from registry import samples, services
-    from registry.artifacts import default_store
     from registry.audit import Actor
     from registry.models import ReplicaHeartbeat
+    from registry.store.artifacts import default_store
     from registry.validation import validate_version
 
     call_command("migrate", verbosity=0)

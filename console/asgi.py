@@ -27,12 +27,10 @@ def _build_serving():
 
 
 serving_app = _build_serving() if settings.EMBED_SERVING else None
-if not settings.CLUSTERED:  # embedded: the rollout tick runs here (clustered: Celery beat)
-    from registry.analysis import start_scheduler
-    from registry.jobs import start_scheduler as start_jobs_scheduler
+if not settings.CLUSTERED:  # embedded: periodic tasks run here (clustered: Celery beat)
+    from registry.background import start_scheduler
 
-    start_scheduler()
-    start_jobs_scheduler()  # recovers interrupted jobs now, then expires results periodically
+    start_scheduler()  # the jobs tick recovers interrupted jobs at once, then runs periodically
 
 
 async def _too_large(send, declared: int) -> None:

@@ -87,7 +87,7 @@ class CanaryForm(VersionReasonForm):
         data = super().service_kwargs()
         automated, steps, bake = (data.pop("automated"), data.pop("steps"),
                                   data.pop("bake_seconds"))
-        if automated:  # the service (registry.analysis.clean_plan) judges the plan
+        if automated:  # the service judges the plan (registry.routing.AnalysisPlan.clean)
             plan = {}
             if steps:
                 plan["steps"] = steps

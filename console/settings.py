@@ -198,6 +198,14 @@ JOB_LEASE_SECONDS = env.float("MMC_JOB_LEASE_SECONDS", default=60.0)
 JOB_MAX_ATTEMPTS = env.int("MMC_JOB_MAX_ATTEMPTS", default=5)
 JOB_CHUNK_ROWS = env.int("MMC_JOB_CHUNK_ROWS", default=10_000)
 JOB_TICK_SECONDS = env.float("MMC_JOB_TICK_SECONDS", default=30.0)
+# Automated canary analysis and rollout housekeeping (0 turns the embedded scheduler's off).
+ROLLOUT_TICK_SECONDS = env.float("MMC_ROLLOUT_TICK_SECONDS", default=5.0)
+# Periodic background tasks (registry/tasks.py): Celery beat runs them clustered, the embedded
+# process's scheduler thread otherwise.
+PERIODIC_TASKS = {"registry.rollout_tick": ROLLOUT_TICK_SECONDS,
+                  "registry.jobs_tick": JOB_TICK_SECONDS}
+CELERY_BEAT_SCHEDULE = {name: {"task": name, "schedule": seconds}
+                        for name, seconds in PERIODIC_TASKS.items() if seconds > 0}
 # Default HMAC-SHA256 key for completion callbacks when a job brings none of its own.
 JOB_CALLBACK_SECRET = env.str("MMC_CALLBACK_SECRET", default="")
 

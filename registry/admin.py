@@ -3,7 +3,7 @@ read-only views of the audit log and of webhook subscriptions with their deliver
 
 from django.contrib import admin
 
-from .models import (
+from registry.models import (
     ApiToken,
     AuditEvent,
     WebhookAttempt,

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
 
-from .models import AuditEvent
-from .webhooks import schedule_events
+from registry.models import AuditEvent
+
+#: Called with every event written, inside its transaction (webhooks register here at start-up:
+#: the audit log knows nothing of who listens).
+_listeners: list[Callable[[AuditEvent], None]] = []
+
+
+def listen(fn: Callable[[AuditEvent], None]) -> None:
+    if fn not in _listeners:
+        _listeners.append(fn)
 
 
 @dataclass(frozen=True)
@@ -46,5 +55,6 @@ def record(
         target=target, model_name=model_name, before=before, after=after, reason=reason,
         request_id=actor.request_id, client_address=actor.client_address,
     )
-    schedule_events(event)  # webhooks: after commit, for lifecycle events only
+    for listener in _listeners:
+        listener(event)
     return event

@@ -6,7 +6,7 @@ import time
 
 from django.db import close_old_connections
 
-from . import selectors
+from registry import selectors
 
 
 def laggards(revision: int) -> list[dict]:

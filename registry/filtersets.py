@@ -3,7 +3,7 @@
 import django_filters
 from django.db.models import Q
 
-from .models import AuditEvent, RegisteredModel
+from registry.models import AuditEvent, RegisteredModel
 
 
 class ModelFilterSet(django_filters.FilterSet):

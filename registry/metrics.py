@@ -11,9 +11,8 @@ from django.conf import settings
 from django.db.models import Max, OuterRef, Subquery
 from django.utils import timezone
 
+from registry.models import MetricSample
 from serving.stats import LATENCY_BUCKETS_S, quantile_from_buckets
-
-from .models import MetricSample
 
 _last_trim = 0.0
 

@@ -12,6 +12,8 @@ from django.db import models
 from django.db.models import Q
 from knox.models import AbstractAuthToken
 
+from registry.routing import RolloutState, Routing
+
 SLUG = RegexValidator(
     r"^[a-z0-9][a-z0-9_.-]{0,99}$",
     "use 1-100 lowercase letters, digits, '-', '_' or '.', starting with a letter or digit",
@@ -94,10 +96,6 @@ class ModelVersion(models.Model):
     def __str__(self) -> str:
         return f"{self.model.name}:{self.number}"
 
-    @property
-    def is_ready(self) -> bool:
-        return self.status == VersionStatus.READY
-
 
 class Alias(models.Model):
     model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="aliases")
@@ -131,7 +129,8 @@ class Endpoint(models.Model):
     # Versions kept loaded without traffic until `warm_until` (instant rollback / switch back).
     warm_versions = models.JSONField(default=list, blank=True)
     warm_until = models.DateTimeField(null=True, blank=True)
-    settings = models.JSONField(default=dict, blank=True)
+    # What the rollout remembers beyond the columns above: registry.routing.RolloutState.
+    rollout_state = models.JSONField(default=dict, blank=True)
     revision = models.BigIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -139,6 +138,24 @@ class Endpoint(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(candidate_weight__lte=100), name="weight_le_100"),
         ]
+
+    @property
+    def routing(self) -> Routing[int]:
+        """This endpoint's routing (version ids), read from its columns and rollout state."""
+        return Routing.of(self)
+
+    @property
+    def rollout(self) -> RolloutState:
+        return RolloutState.from_json(self.rollout_state)
+
+    @rollout.setter
+    def rollout(self, value: RolloutState) -> None:
+        self.rollout_state = value.to_json()
+
+    @property
+    def live_version(self) -> ModelVersion | None:
+        """The version taking unpinned traffic by default (blue-green's live slot, or stable)."""
+        return getattr(self, self.live_color) if self.live_color else self.stable
 
 
 class RouteRevision(models.Model):

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
-from .models import RouteRevision
+from registry.models import RouteRevision
 
 log = logging.getLogger(__name__)
 CHANNEL = "mmc:routes"

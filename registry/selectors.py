@@ -9,8 +9,8 @@ from django.db.models import Count, OuterRef, Prefetch, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from .errors import NotFound
-from .models import (
+from registry.errors import NotFound
+from registry.models import (
     Alias,
     AuditEvent,
     Endpoint,

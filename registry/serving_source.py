@@ -15,14 +15,14 @@ from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
+from registry.audit import Actor
+from registry.integrations.tensorrt import BUILT
+from registry.metrics import record_samples
+from registry.models import Endpoint, EndpointApiKey, ModelVersion, ReplicaHeartbeat, VersionStatus
+from registry.notify import CHANNEL, current_revision, subscribe_in_process
+from registry.routing import Routing
+from registry.store.artifacts import default_store
 from serving.routes import BatchingConfig, DesiredState, ModelRoute, ObservedState, VersionSpec
-
-from .artifacts import default_store
-from .audit import Actor
-from .metrics import record_samples
-from .models import Endpoint, EndpointApiKey, ModelVersion, ReplicaHeartbeat, VersionStatus
-from .notify import CHANNEL, current_revision, subscribe_in_process
-from .tensorrt import BUILT
 
 log = logging.getLogger(__name__)
 
@@ -66,34 +66,32 @@ def build_desired_state() -> DesiredState:
         for endpoint_id, key_hash in EndpointApiKey.objects.filter(
                 revoked_at__isnull=True).values_list("endpoint_id", "key_hash"):
             keys.setdefault(endpoint_id, set()).add(key_hash)
-        wanted: set[int] = set()
-        for ep in endpoints:
-            warm = ep.warm_versions if ep.warm_until and ep.warm_until > now else []
-            wanted.update(v for v in (ep.stable_id, ep.candidate_id, ep.blue_id, ep.green_id,
-                                      ep.shadow_id, *warm) if v)
+        routings = {ep.pk: Routing.of(ep, now=now) for ep in endpoints}
+        wanted = set().union(*(r.referenced() for r in routings.values()))
         versions = {v.pk: v for v in ModelVersion.objects.select_related("model").filter(
             pk__in=wanted, status=VersionStatus.READY)}
     routes, specs = {}, {}
     for ep in endpoints:
-        def num(pk):
-            return str(versions[pk].number) if pk in versions else None
-
-        warm = ep.warm_versions if ep.warm_until and ep.warm_until > now else []
-        route = ModelRoute(
-            model=ep.model.name, stable=num(ep.stable_id), candidate=num(ep.candidate_id),
-            candidate_weight=ep.candidate_weight if ep.candidate_id else 0,
-            blue=num(ep.blue_id), green=num(ep.green_id), live_color=ep.live_color or None,
-            shadow=num(ep.shadow_id), warm=tuple(n for n in map(num, warm) if n),
-            api_key_hashes=frozenset(keys.get(ep.pk, ())),
-        )
+        ready = routings[ep.pk].map(versions.get)  # a version not (or no longer) ready drops out
+        route = model_route(ep.model.name, ready, frozenset(keys.get(ep.pk, ())))
         if not route.versions():
             continue
         routes[route.model] = route
-        for pk in (ep.stable_id, ep.candidate_id, ep.blue_id, ep.green_id, ep.shadow_id, *warm):
-            if pk in versions:
-                spec = _spec(versions[pk], store)
-                specs[spec.key] = spec
+        for version in ready.referenced():
+            spec = _spec(version, store)
+            specs[spec.key] = spec
     return DesiredState(revision=revision, routes=routes, versions=specs)
+
+
+def model_route(model: str, routing: Routing[ModelVersion], api_key_hashes: frozenset[str]
+                ) -> ModelRoute:
+    """The data plane's route for one model: the one place registry routing meets serving's."""
+    ref = routing.map(lambda v: str(v.number))
+    return ModelRoute(
+        model=model, stable=ref.stable, candidate=ref.candidate,
+        candidate_weight=ref.candidate_weight if ref.candidate else 0,
+        blue=ref.blue, green=ref.green, live_color=ref.live_color or None, shadow=ref.shadow,
+        warm=ref.warm, api_key_hashes=api_key_hashes)
 
 
 class RegistrySource:
@@ -166,20 +164,20 @@ class RegistrySource:
 
     # Model-repository extension: load/unload act through the registry, audited and authorised.
     def request_load(self, model: str, authorization: str | None = None) -> None:
-        from .services import endpoint_deploy
+        from registry.services import endpoint_deploy
 
         actor = self._authorise(authorization)
         latest = (ModelVersion.objects.filter(model__name=model, status=VersionStatus.READY)
                   .order_by("-number").values_list("number", flat=True).first())
         if latest is None:
-            from .errors import NotFound
+            from registry.errors import NotFound
 
             raise NotFound(f"model {model!r} has no ready version to load")
         endpoint_deploy(model_name=model, version_number=latest, actor=actor,
                         reason="repository load request")
 
     def request_unload(self, model: str, authorization: str | None = None) -> None:
-        from .services import endpoint_deploy
+        from registry.services import endpoint_deploy
 
         endpoint_deploy(model_name=model, version_number=None,
                         actor=self._authorise(authorization), reason="repository unload request")
@@ -189,8 +187,8 @@ class RegistrySource:
         from knox.auth import TokenAuthentication
         from rest_framework.exceptions import AuthenticationFailed
 
-        from .errors import RegistryError
-        from .roles import has_role
+        from registry.errors import RegistryError
+        from registry.roles import has_role
 
         close_old_connections()
         parts = (authorization or "").split()

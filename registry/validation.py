@@ -12,13 +12,14 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from .artifacts import default_store
-from .audit import Actor, record
-from .models import ModelVersion, VersionStatus
+from registry.audit import Actor, record
+from registry.background import enqueue
+from registry.models import ModelVersion, VersionStatus
+from registry.store.artifacts import default_store
+from serving.signature import DEFAULT_MAX_BATCH_SIZE, batch_dimension
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
-DEFAULT_MAX_BATCH = 32
 
 
 class ValidationFailed(Exception):
@@ -30,8 +31,8 @@ def _inspect(path, size: int) -> tuple[dict, dict]:
     import onnx
     from google.protobuf.message import DecodeError
 
+    from registry.signatures import extract_signature, runtime_compatibility_problem
     from serving.runtime import OnnxRuntime, select_providers
-    from serving.signature import extract_signature, runtime_compatibility_problem
 
     if size == 0:
         raise ValidationFailed("the file is empty (0 bytes); upload the .onnx file itself")
@@ -108,9 +109,8 @@ def validate_version(version_id: int) -> str:
         else:
             version.status, version.failure_reason = VersionStatus.READY, ""
             version.signature = signature
-            batchable = all(i["shape"] and i["shape"][0] == -1 for i in signature["inputs"])
-            if batchable and version.max_batch_size == 0:
-                version.max_batch_size = DEFAULT_MAX_BATCH
+            if batch_dimension(signature) and version.max_batch_size == 0:
+                version.max_batch_size = DEFAULT_MAX_BATCH_SIZE
         version.save()
         record(Actor.system("validator"),
                "version.ready" if not reason else "version.failed",
@@ -127,3 +127,14 @@ def stale_validations(older_than: timedelta | None = None):
                                else timedelta(seconds=settings.VALIDATION_STALE_SECONDS))
     return ModelVersion.objects.filter(status__in=[VersionStatus.UPLOADED, VersionStatus.VALIDATING]
                                        ).exclude(validation_started_at__gt=cutoff)
+
+
+def recover_validations(older_than: timedelta | None = None) -> list[int]:
+    """Re-queue validations a dead worker left behind. Runs at worker/process start."""
+    ids = list(stale_validations(older_than).values_list("pk", flat=True))
+    with transaction.atomic():
+        for pk in ids:
+            enqueue("registry.validate_version", version_id=pk)
+    if ids:
+        log.warning("re-queued %d interrupted validation(s): %s", len(ids), ids)
+    return ids

@@ -24,9 +24,10 @@ def _source(repository: str | None, registry: bool):
         from registry.serving_source import RegistrySource
 
         return RegistrySource()
+    from registry.signatures import read_signature
     from serving.sources import RepositorySource
 
-    return RepositorySource(repository)
+    return RepositorySource(repository, read_signature=read_signature)
 
 
 def app_from_env():

@@ -16,16 +16,14 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
-import onnx
 import orjson
 
 from serving.routes import BatchingConfig, DesiredState, ModelRoute, ObservedState, VersionSpec
-from serving.signature import batch_dimension, extract_signature
+from serving.signature import DEFAULT_MAX_BATCH_SIZE, batch_dimension
 
-#: Used when config.json does not say: batch up to this many rows if the model can batch.
-DEFAULT_MAX_BATCH_SIZE = 32
 _MODEL_FILE = "model.onnx"
 
 
@@ -37,8 +35,12 @@ class RepositorySource:
     """A DesiredStateSource over a folder; its revision is the newest mtime (ns) in the tree,
     so adding a version, editing config.json or replacing a file is a new revision."""
 
-    def __init__(self, path: str | os.PathLike, *, intra_op_threads: int = 0) -> None:
+    def __init__(self, path: str | os.PathLike, *, read_signature: Callable[[bytes], dict],
+                 intra_op_threads: int = 0) -> None:
+        """`read_signature` turns an ONNX file's bytes into its signature (the composition
+        root passes registry.signatures.read_signature: serving itself never imports onnx)."""
         self.root = Path(path)
+        self.read_signature = read_signature
         self.intra_op_threads = intra_op_threads
         self.observed: ObservedState | None = None  # the last heartbeat, for tests and debugging
         self._cache: dict[tuple[str, int, int], tuple[str, dict]] = {}
@@ -150,7 +152,7 @@ class RepositorySource:
         data = path.read_bytes()
         sha256 = hashlib.sha256(data).hexdigest()
         try:
-            signature = extract_signature(onnx.load_from_string(data))
+            signature = self.read_signature(data)
         except Exception as exc:  # noqa: BLE001 - protobuf/onnx raise many types
             signature = {"inputs": [], "outputs": [], "error": f"cannot read {path}: {exc}"}
         with self._lock:

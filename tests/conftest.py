@@ -77,8 +77,8 @@ def celery_worker(django_db_setup, django_db_blocker):
 
 def wait_background_idle(timeout: float = 30.0) -> None:
     """Let queued validations finish, in-process or on the Celery worker."""
+    from registry.background import wait_in_process
     from registry.models import ModelVersion, VersionStatus
-    from registry.worker import wait_in_process
 
     wait_in_process(timeout)
     deadline = time.time() + timeout

@@ -13,7 +13,7 @@ from onnx import TensorProto
 from tritonclient.grpc import model_config_pb2 as mc
 
 from registry import samples
-from registry.cli import main as mmc
+from registry.cli.main import main as mmc
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

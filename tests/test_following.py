@@ -181,7 +181,7 @@ def test_upload_then_validation_then_serving_via_the_cli(users, tmp_path):
             import os
             import sys
 
-            return subprocess.run([sys.executable, "-m", "registry.cli", *args],
+            return subprocess.run([sys.executable, "-m", "registry.cli.main", *args],
                                   env={**os.environ, **env}, capture_output=True, text=True)
 
         assert mmc("create-model", "cli-model", "--tag", "ci").returncode == 0

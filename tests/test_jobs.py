@@ -210,8 +210,8 @@ def test_callback_is_signed_with_hmac_sha256_and_retried(engineer, mlp):
 def test_results_expire_after_the_ttl(engineer, mlp, settings):
     from django.utils import timezone
 
-    from registry.jobfiles import job_dir
-    from registry.jobs import expire_results
+    from registry.jobs.housekeeping import expire_results
+    from registry.store.files import job_dir
 
     r = async_json(engineer, "mlp", np.ones((1, 64), dtype=np.float32))
     done = wait_job(engineer, r.json()["id"])
@@ -300,7 +300,7 @@ def test_batch_refuses_a_dataset_that_does_not_fit_the_signature(engineer, mlp):
 
 
 def test_batch_can_be_cancelled_while_running(engineer, mlp, dataset_100k):
-    from registry.jobfiles import job_dir
+    from registry.store.files import job_dir
 
     ds = upload_dataset(engineer, npy_bytes(dataset_100k), "rows.npy")
     r = engineer.post("/api/v1/models/mlp/batch/",
@@ -325,9 +325,9 @@ def test_batch_can_be_cancelled_while_running(engineer, mlp, dataset_100k):
 def test_an_unused_dataset_expires_and_a_new_batch_on_it_is_refused_with_410(engineer, mlp):
     from django.utils import timezone
 
-    from registry import jobs
-    from registry.jobfiles import dataset_path
+    from registry.jobs import housekeeping as jobs
     from registry.models import AuditEvent, Dataset
+    from registry.store.files import dataset_path
 
     x = np.zeros((10, 64), np.float32)
     old = upload_dataset(engineer, npy_bytes(x), "old.npy")
@@ -353,9 +353,9 @@ def test_a_dataset_a_job_reads_is_kept_and_each_new_job_extends_its_life(enginee
 
     from django.utils import timezone
 
-    from registry import jobs
-    from registry.jobfiles import dataset_path
+    from registry.jobs import housekeeping as jobs
     from registry.models import Dataset
+    from registry.store.files import dataset_path
 
     ds = upload_dataset(engineer, npy_bytes(dataset_100k), "rows.npy")
     uploaded = Dataset.objects.get(pk=ds["id"]).expires_at
@@ -430,7 +430,7 @@ def test_job_list_filters_and_audit(engineer, admin, mlp):
 
 def test_cli_runs_async_and_batch_jobs_against_a_live_console(users, mlp, tmp_path, capsys):
     from registry.audit import Actor
-    from registry.cli import main
+    from registry.cli.main import main
     from registry.services import token_create
     from tests.replicas import Replica
 

@@ -6,6 +6,7 @@ decisions from real figures."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import random
 import threading
@@ -13,17 +14,20 @@ from datetime import timedelta
 
 import onnx
 import pytest
+from django.apps import apps as django_apps
 from django.db import transaction
 from django.utils import timezone
 from onnx import TensorProto
 
-from registry import analysis, samples, services
+from registry import samples, services
 from registry.audit import Actor
 from registry.errors import InvalidRequest, LifecycleError
 from registry.models import AuditEvent, Endpoint, ModelVersion, RegisteredModel, VersionStatus
+from registry.routing import AnalysisPlan
+from registry.services import analysis
 from registry.services.deployments import ALLOWED, STATES, TransitionRefused, endpoint_state
 from registry.services.rollouts import Forbidden
-from serving.signature import extract_signature
+from registry.signatures import extract_signature
 
 ME = Actor.system("test")
 M = "ranker"
@@ -60,7 +64,7 @@ def build(state: str) -> None:
     if state == "unloading":
         services.endpoint_deploy(model_name=M, version_number=2, actor=ME)
         Endpoint.objects.filter(model__name=M).update(
-            stable=None, settings={"pending_rollback": {"version": 1,
+            stable=None, rollout_state={"pending_rollback": {"version": 1,
                                                         "since": timezone.now().isoformat()}})
         return
     services.endpoint_deploy(model_name=M, version_number=2, actor=ME)
@@ -267,7 +271,8 @@ def test_switch_is_refused_until_every_live_replica_has_the_idle_colour_warm():
 def test_housekeeping_finishes_blue_green_after_the_grace_and_expires_warm_versions():
     build("blue-green-switched")
     e = ep()
-    e.settings["blue_green"]["switched_at"] = (timezone.now() - timedelta(hours=1)).isoformat()
+    e.rollout_state["blue_green"]["switched_at"] = (
+        timezone.now() - timedelta(hours=1)).isoformat()
     e.warm_until = timezone.now() - timedelta(seconds=1)
     e.warm_versions = [ModelVersion.objects.get(model__name=M, number=1).pk]
     e.save()
@@ -484,7 +489,7 @@ def test_the_analysis_waits_for_bake_time_and_enough_requests_and_skips_paused()
 
 @pytest.mark.django_db
 def test_at_the_full_step_the_stable_figures_since_the_start_stand_in():
-    plan = analysis.clean_plan({"steps": [50, 100], "min_requests": 100})
+    plan = AnalysisPlan.clean({"steps": [50, 100], "min_requests": 100})
     d = analysis.decide(plan, 1, candidate=figures(400, 0, 9.0), stable=figures(0), baked=True,
                         stable_since_start=figures(800, 0, 2.0))
     assert d.action == "rollback" and d.figures["stable_reference"]["count"] == 800
@@ -493,7 +498,7 @@ def test_at_the_full_step_the_stable_figures_since_the_start_stand_in():
 @pytest.mark.parametrize(("slack", "action"), [(0, "rollback"), (1, "rollback"), (2, "promote")])
 def test_a_latency_regression_must_also_exceed_the_absolute_tolerance(slack, action):
     """0.4 ms -> 1.8 ms is 4.5 x but only 1.4 ms more: noise or not is the plan's call."""
-    plan = analysis.clean_plan({"steps": [100], "min_requests": 100, "max_p99_ratio": 2,
+    plan = AnalysisPlan.clean({"steps": [100], "min_requests": 100, "max_p99_ratio": 2,
                                 "min_p99_increase_ms": slack})
     d = analysis.decide(plan, 0, candidate=figures(400, 0, 1.8), stable=figures(800, 0, 0.4),
                         baked=True)
@@ -504,11 +509,22 @@ def test_a_latency_regression_must_also_exceed_the_absolute_tolerance(slack, act
     assert d.figures["guards"]["min_p99_increase_ms"] == slack
 
 
-def test_a_plan_stored_before_the_tolerance_existed_is_judged_without_one():
-    plan = analysis.clean_plan({"steps": [100], "min_requests": 100})
-    del plan["min_p99_increase_ms"]  # as an analysis started on the previous release holds it
-    d = analysis.decide(plan, 0, candidate=figures(400, 0, 1.8), stable=figures(800, 0, 0.4),
-                        baked=True)
+@pytest.mark.django_db
+def test_a_plan_stored_before_the_tolerance_existed_is_upgraded_to_judge_without_one():
+    build("stable")
+    services.canary_start(model_name=M, version_number=3, actor=ME,
+                          plan={"steps": [100], "min_requests": 100})
+    old = ep().rollout_state
+    del old["analysis"]["plan"]["min_p99_increase_ms"]  # as the previous release stored it
+    del old["analysis"]["started_at"]
+    Endpoint.objects.filter(model__name=M).update(rollout_state=old)
+    upgrade = importlib.import_module("registry.migrations.0007_endpoint_rollout_state")
+    upgrade.upgrade_plans(django_apps, None)
+    analysis_state = ep().rollout.analysis
+    assert analysis_state.plan.min_p99_increase_ms == 0.0
+    assert analysis_state.started_at == analysis_state.step_started_at
+    d = analysis.decide(analysis_state.plan, 0, candidate=figures(400, 0, 1.8),
+                        stable=figures(800, 0, 0.4), baked=True)
     assert d.action == "rollback" and d.figures["guards"]["min_p99_increase_ms"] == 0.0
 
 
@@ -518,7 +534,7 @@ def test_a_plan_stored_before_the_tolerance_existed_is_judged_without_one():
                                   {"stepz": [1]}, "fast"])
 def test_nonsense_plans_are_refused(plan):
     with pytest.raises(InvalidRequest):
-        analysis.clean_plan(plan)
+        AnalysisPlan.clean(plan)
 
 
 # ------------------------------------------------------------------------------ over HTTP

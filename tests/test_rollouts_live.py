@@ -14,8 +14,8 @@ import time
 import httpx
 import pytest
 
-from registry import analysis, samples
-from registry.services import endpoint_state
+from registry import samples
+from registry.services import analysis, endpoint_state
 from tests.conftest import CLUSTERED
 from tests.replicas import Replica, replicas, wait_until
 
@@ -94,7 +94,7 @@ def next_operation(model: str, rnd: random.Random) -> tuple[str, dict]:
         choices = [("weight", {"weight": (ep.candidate_weight + rnd.randint(1, 99)) % 101}),
                    ("promote", {}), ("abort", {})]
     else:
-        switched = (ep.settings.get("blue_green") or {}).get("switched_at")
+        switched = ep.rollout.blue_green and ep.rollout.blue_green.switched_at
         choices = ([("blue-green/switch-back", {}), ("blue-green/finish", {})] if switched
                    else [("blue-green/switch", {})])
     return rnd.choice(choices)
@@ -223,7 +223,7 @@ def test_the_cli_runs_a_canary_and_a_rollback(users, ready_model, tmp_path):
         env = {**os.environ, "MMC_URL": console.url, "MMC_TOKEN": token}
 
         def mmc(*args):
-            return subprocess.run([sys.executable, "-m", "registry.cli", *args], env=env,
+            return subprocess.run([sys.executable, "-m", "registry.cli.main", *args], env=env,
                                   capture_output=True, text=True)
 
         assert mmc("deploy", "clirollout", "1", "--wait", "15").returncode == 0

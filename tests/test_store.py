@@ -10,10 +10,10 @@ import pytest
 from django.utils import timezone
 
 from registry import samples
-from registry.artifacts import ArtifactStore
 from registry.errors import PayloadTooLarge
-from registry.gc import collect_garbage
 from registry.models import AuditEvent, ModelVersion, VersionStatus
+from registry.store.artifacts import ArtifactStore
+from registry.store.gc import collect_garbage
 from tests.conftest import REPO, upload, wait_validated
 
 
@@ -45,7 +45,7 @@ def test_gc_removes_only_unreferenced_blobs_past_the_grace(engineer, settings, t
     settings.ARTIFACT_ROOT = tmp_path / "artifacts"  # a store of its own: no other test's blobs
     engineer.post("/api/v1/models/", {"name": "kept"}, format="json")
     kept = upload(engineer, "kept", samples.mlp()).json()["sha256"]
-    from registry.artifacts import default_store
+    from registry.store.artifacts import default_store
 
     store = default_store()
     orphan = store.save_bytes(b"orphaned upload").sha256
@@ -99,7 +99,7 @@ def test_compose_file_is_valid():
 
 
 def test_cli_help_lists_every_command():
-    r = subprocess.run([sys.executable, "-m", "registry.cli", "--help"], cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "registry.cli.main", "--help"], cwd=REPO,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     for command in ("upload", "deploy", "canary", "promote", "rollback", "export", "batch"):

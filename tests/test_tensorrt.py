@@ -9,8 +9,8 @@ import pytest
 from django.db import transaction
 
 from registry import samples
+from registry.integrations.tensorrt import NO_GPU, cache_key, shape_profile
 from registry.models import AuditEvent
-from registry.tensorrt import NO_GPU, cache_key, shape_profile
 from serving.runtime import gpu_available
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -105,10 +105,10 @@ def test_on_a_gpu_the_engine_is_built_into_its_keyed_cache(ready_model, engineer
 def test_replicas_are_told_the_built_precision_and_the_shared_cache(ready_model, settings):
     """What a replica needs to reuse a build: the registry's spec names the precision of the
     newest built engine and the cache root; both sides compute the same keyed folder."""
-    from registry.artifacts import default_store
+    from registry.integrations.tensorrt import save_status
     from registry.models import ModelVersion
     from registry.serving_source import _spec
-    from registry.tensorrt import save_status
+    from registry.store.artifacts import default_store
     from serving.trt_cache import engine_dir
 
     ready_model("fraud", samples.mlp())
@@ -142,9 +142,9 @@ def test_a_replica_loads_the_engine_the_build_job_made_instead_of_building(ready
                                                                            engineer):
     from pathlib import Path
 
-    from registry.artifacts import default_store
     from registry.models import ModelVersion
     from registry.serving_source import _spec
+    from registry.store.artifacts import default_store
     from serving.reconciler import load_version
 
     ready_model("fraud", samples.mlp())

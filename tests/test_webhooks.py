@@ -17,8 +17,8 @@ import pytest
 from registry import samples, services
 from registry.audit import Actor
 from registry.errors import LifecycleError
+from registry.integrations.webhooks import event_for
 from registry.models import AuditEvent, DeliveryStatus, WebhookDelivery
-from registry.webhooks import event_for
 from tests.conftest import upload, wait_validated
 from tests.test_rollouts import make_model
 

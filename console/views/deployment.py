@@ -17,9 +17,10 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from registry import metrics, selectors, services
-from registry.models import AuditEvent, VersionStatus
+from registry.models import AuditEvent, ModelVersion, VersionStatus
 from registry.notify import current_revision
 from registry.roles import has_role
+from registry.routing import Routing
 from registry.services.deployments import ALLOWED, EMPTY, endpoint_state
 
 from .. import charts
@@ -81,15 +82,22 @@ def _page_url(name: str) -> str:
     return reverse("console:deployment", kwargs={"name": name})
 
 
-def serving_versions(ep) -> list[tuple[object, str]]:
+def routing_of(ep) -> Routing[ModelVersion]:
+    """The endpoint's routing over its version rows (those the page shows)."""
+    rows = {v.pk: v for v in (ep.stable, ep.candidate, ep.blue, ep.green) if v is not None}
+    return ep.routing.map(rows.get)
+
+
+def serving_versions(ep) -> list[tuple[ModelVersion, str]]:
     """(version, role) for every version taking or about to take traffic, stable first."""
     if ep is None:
         return []
-    if ep.live_color:
-        live, idle = ep.live_color, "green" if ep.live_color == "blue" else "blue"
-        pairs = [(getattr(ep, live), f"{live}, live"), (getattr(ep, idle), f"{idle}, idle")]
+    routing = routing_of(ep)
+    if routing.live_color:
+        pairs = [(routing.live, f"{routing.live_color}, live"),
+                 (routing.idle, f"{routing.idle_color}, idle")]
     else:
-        pairs = [(ep.stable, "stable"), (ep.candidate, "candidate")]
+        pairs = [(routing.stable, "stable"), (routing.candidate, "candidate")]
     seen, out = set(), []
     for version, role in pairs:
         if version is not None and version.pk not in seen:
@@ -101,18 +109,9 @@ def serving_versions(ep) -> list[tuple[object, str]]:
 def traffic_split(ep) -> list[dict]:
     if ep is None:
         return []
-    if ep.live_color:
-        live = getattr(ep, ep.live_color)
-        return [{"version": live.number, "role": f"{ep.live_color} (live)", "weight": 100}] \
-            if live else []
-    split = []
-    if ep.stable:
-        split.append({"version": ep.stable.number, "role": "stable",
-                      "weight": 100 - (ep.candidate_weight if ep.candidate else 0)})
-    if ep.candidate:
-        split.append({"version": ep.candidate.number, "role": "candidate",
-                      "weight": ep.candidate_weight})
-    return split
+    return [{"version": version.number, "weight": weight,
+             "role": role if role in ("stable", "candidate") else f"{role} (live)"}
+            for role, version, weight in routing_of(ep).split()]
 
 
 def complete_buckets(points: list[dict], now: float) -> list[dict]:
@@ -166,17 +165,16 @@ def _stale_seconds() -> float:
 
 
 def analysis_context(ep) -> dict | None:
-    analysis = ((ep.settings or {}).get("analysis") if ep else None) or None
+    analysis = ep.rollout.analysis if ep else None
     if not analysis:
         return None
-    plan, step = analysis["plan"], analysis["step"]
-    started = datetime.fromisoformat(analysis["step_started_at"])
-    baked = _age(started, timezone.now()) or 0.0
-    return {"plan": plan, "step": step, "paused": analysis.get("paused", False),
+    plan, step = analysis.plan, analysis.step
+    baked = _age(analysis.step_started_at, timezone.now()) or 0.0
+    return {"plan": plan, "step": step, "paused": analysis.paused,
             "steps": [{"weight": w, "state": "done" if i < step else
-                       "current" if i == step else "next"} for i, w in enumerate(plan["steps"])],
-            "baked_seconds": round(baked), "bake_seconds": round(plan["bake_seconds"]),
-            "bake_left": max(round(plan["bake_seconds"] - baked), 0)}
+                       "current" if i == step else "next"} for i, w in enumerate(plan.steps)],
+            "baked_seconds": round(baked), "bake_seconds": round(plan.bake_seconds),
+            "bake_left": max(round(plan.bake_seconds - baked), 0)}
 
 
 def decisions(model_name: str) -> list[AuditEvent]:
@@ -199,7 +197,7 @@ def _choices(model, ep) -> dict:
     ready = list(model.versions.filter(status=VersionStatus.READY)
                  .order_by("-number").values_list("number", flat=True))
     stable = ep.stable.number if ep and ep.stable else None
-    live = (getattr(ep, ep.live_color) if ep and ep.live_color else ep.stable if ep else None)
+    live = ep.live_version if ep else None
     live_n = live.number if live else None
     shadow = ep.shadow.number if ep and ep.shadow else None
     return {
@@ -219,8 +217,7 @@ def controls_context(request: HttpRequest, model, ep) -> dict:
         "can_write": has_role(request.user, "engineer") and not model.archived,
         "allowed": {op for op, states in ALLOWED.items() if state in states},
         "page_revision": str(ep.revision if ep else 0),
-        "bg_switched": bool(((ep.settings or {}).get("blue_green") or {}).get("switched_at")
-                            if ep else False),
+        "bg_switched": bool(ep and ep.rollout.blue_green and ep.rollout.blue_green.switched_at),
         "weight": ep.candidate_weight if ep and ep.candidate else 10,
         "canary_form": CanaryForm(),
     }

@@ -10,7 +10,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from registry import selectors
-from registry.jobs import progress, result_url
+from registry.jobs.progress import progress, result_url
 from registry.models import JobKind, JobStatus
 from registry.services import jobs as job_services
 

@@ -9,8 +9,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from registry import selectors
+from registry.integrations.tensorrt import BUILDING, PRECISIONS, QUEUED
 from registry.services import tensorrt as trt_services
-from registry.tensorrt import BUILDING, PRECISIONS, QUEUED
 
 from .. import tryit
 from ..forms import error_text

@@ -6,7 +6,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
-from ..errors import RegistryError
+from registry.errors import RegistryError
 
 
 def _flatten(detail, prefix="") -> list[str]:

@@ -11,16 +11,16 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import selectors
-from ..errors import InvalidRequest, NotFound
-from ..export import FORMATS, parse_versions, stream_tar_gz, triton_export
-from ..models import WebhookDelivery, WebhookSubscription
-from ..services import tensorrt as trt_services
-from ..services import webhooks as hooks
-from ..tensorrt import PRECISIONS
-from ..webhooks import EVENTS
-from .serializers import VersionSerializer
-from .views import actor, valid
+from registry import selectors
+from registry.api.serializers import VersionSerializer
+from registry.api.views import actor, valid
+from registry.errors import InvalidRequest, NotFound
+from registry.integrations.export import FORMATS, parse_versions, stream_tar_gz, triton_export
+from registry.integrations.tensorrt import PRECISIONS
+from registry.integrations.webhooks import EVENTS
+from registry.models import WebhookDelivery, WebhookSubscription
+from registry.services import tensorrt as trt_services
+from registry.services import webhooks as hooks
 
 # -- Triton export ----------------------------------------------------------------------------
 

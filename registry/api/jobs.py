@@ -22,13 +22,13 @@ from rest_framework.parsers import FileUploadParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import selectors
-from ..errors import InvalidRequest, LifecycleError, NotFound, PayloadTooLarge
-from ..jobfiles import FileWriter, job_dir
-from ..jobs import progress, result_url
-from ..models import Dataset, Job, JobStatus
-from ..services import jobs as svc
-from .views import actor, valid
+from registry import selectors
+from registry.api.views import actor, valid
+from registry.errors import InvalidRequest, LifecycleError, NotFound, PayloadTooLarge
+from registry.jobs.progress import progress, result_url
+from registry.models import Dataset, Job, JobStatus
+from registry.services import jobs as svc
+from registry.store.files import FileWriter, job_dir
 
 LIMIT_SLACK = 1024 * 1024
 

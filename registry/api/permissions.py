@@ -1,6 +1,6 @@
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
-from ..roles import has_role
+from registry.roles import has_role
 
 
 class RolePermission(BasePermission):

@@ -10,10 +10,10 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import selectors, services
-from ..services.deployments import endpoint_state
-from ..services.rollouts import ROLLBACK_ORDERS
-from .views import actor, endpoint_response, valid
+from registry import selectors, services
+from registry.api.views import actor, endpoint_response, valid
+from registry.services.deployments import endpoint_state
+from registry.services.rollouts import ROLLBACK_ORDERS
 
 WAIT = OpenApiParameter("wait", float, description=(
     "seconds to wait until every live replica applied the change"))
@@ -94,7 +94,7 @@ class ShadowView(APIView):
     @extend_schema(responses={200: dict})
     def get(self, request, name):
         """The shadow version and the newest comparison a replica reported for it."""
-        from ..metrics import latest_shadow
+        from registry.metrics import latest_shadow
 
         ep = selectors.endpoint_get(selectors.model_get(name))
         shadow = ep.shadow.number if ep and ep.shadow else None

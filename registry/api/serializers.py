@@ -1,7 +1,14 @@
 from django.urls import reverse
 from rest_framework import serializers
 
-from ..models import Alias, ApiToken, AuditEvent, EndpointApiKey, ModelVersion, RegisteredModel
+from registry.models import (
+    Alias,
+    ApiToken,
+    AuditEvent,
+    EndpointApiKey,
+    ModelVersion,
+    RegisteredModel,
+)
 
 
 def _number(version):
@@ -112,7 +119,11 @@ class DeploySerializer(serializers.Serializer):
 
 
 class EndpointSerializer(serializers.Serializer):
+    """An endpoint's routing (registry.routing.Routing) with version numbers."""
+
     model = serializers.CharField(source="model.name")
+    state = serializers.SerializerMethodField()
+    live = serializers.SerializerMethodField()
     stable = serializers.SerializerMethodField()
     candidate = serializers.SerializerMethodField()
     candidate_weight = serializers.IntegerField()
@@ -121,8 +132,17 @@ class EndpointSerializer(serializers.Serializer):
     live_color = serializers.CharField()
     shadow = serializers.SerializerMethodField()
     revision = serializers.IntegerField()
-    settings = serializers.JSONField()
+    rollout = serializers.JSONField(source="rollout_state",
+                                    help_text="automated analysis, blue-green, pending rollback")
+    settings = serializers.JSONField(source="rollout_state",
+                                     help_text="deprecated: the same as `rollout`")
     updated_at = serializers.DateTimeField()
+
+    def get_state(self, obj) -> str:
+        return obj.routing.state
+
+    def get_live(self, obj) -> int | None:
+        return _number(obj.live_version)
 
     def get_stable(self, obj) -> int | None:
         return _number(obj.stable)

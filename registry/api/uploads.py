@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.core.files.uploadhandler import FileUploadHandler
 
-from ..artifacts import ArtifactStore, BlobWriter, StoredBlob
+from registry.store.artifacts import ArtifactStore, BlobWriter, StoredBlob
 
 
 class StoredUpload:

@@ -1,9 +1,9 @@
 from django.urls import path
 
-from . import integrations as ig
-from . import jobs as jb
-from . import rollouts as ro
-from . import views as v
+from registry.api import integrations as ig
+from registry.api import jobs as jb
+from registry.api import rollouts as ro
+from registry.api import views as v
 
 app_name = "api"
 M = "models/<str:name>"

@@ -11,16 +11,16 @@ from rest_framework.parsers import FileUploadParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import selectors, services
-from ..artifacts import CHUNK, default_store
-from ..audit import Actor
-from ..convergence import wait_for_revision
-from ..errors import InvalidRequest, LifecycleError, PayloadTooLarge
-from ..filtersets import AuditFilterSet, ModelFilterSet
-from ..models import ApiToken
-from ..roles import role_of
-from . import serializers as s
-from .uploads import StoreUploadHandler
+from registry import selectors, services
+from registry.api import serializers as s
+from registry.api.uploads import StoreUploadHandler
+from registry.audit import Actor
+from registry.convergence import wait_for_revision
+from registry.errors import InvalidRequest, LifecycleError, PayloadTooLarge
+from registry.filtersets import AuditFilterSet, ModelFilterSet
+from registry.models import ApiToken
+from registry.roles import role_of
+from registry.store.artifacts import CHUNK, default_store
 
 
 def actor(request) -> Actor:
@@ -326,7 +326,7 @@ class TokenDetailView(APIView):
 class ReplicaListView(APIView):
     @extend_schema(responses={200: dict})
     def get(self, request):
-        from ..notify import current_revision
+        from registry.notify import current_revision
 
         revision = current_revision()
         rows = [{"replica": r.replica, "revision": r.revision, "converged": r.revision >= revision,

@@ -1,10 +1,22 @@
 """Every mutation of the registry is one function here: atomic, row-locked where two requests
 can race, audited in the same transaction, and announced to serving after commit."""
 
-from .access import api_key_create, api_key_revoke, ensure_roles, token_create, token_revoke
-from .catalog import alias_remove, alias_set, model_archive, model_create, model_update
-from .deployments import endpoint_deploy, endpoint_for_update, endpoint_state
-from .rollouts import (
+from registry.services.access import (
+    api_key_create,
+    api_key_revoke,
+    ensure_roles,
+    token_create,
+    token_revoke,
+)
+from registry.services.catalog import (
+    alias_remove,
+    alias_set,
+    model_archive,
+    model_create,
+    model_update,
+)
+from registry.services.deployments import endpoint_deploy, endpoint_for_update, endpoint_state
+from registry.services.rollouts import (
     analysis_advance,
     analysis_pause,
     analysis_resume,
@@ -20,7 +32,7 @@ from .rollouts import (
     shadow_start,
     shadow_stop,
 )
-from .versions import version_configure, version_upload
+from registry.services.versions import version_configure, version_upload
 
 __all__ = [
     "analysis_advance", "analysis_pause", "analysis_resume", "bluegreen_deploy",

@@ -8,15 +8,14 @@ from django.contrib.auth.models import Group
 from django.db import transaction
 from django.utils import timezone
 
+from registry.audit import Actor, record
+from registry.errors import InvalidRequest, NotFound
+from registry.models import ApiToken, EndpointApiKey
+from registry.notify import bump_revision
+from registry.roles import ROLES
+from registry.services.catalog import lock_model
+from registry.services.deployments import endpoint_for_update
 from serving.routes import api_key_hash
-
-from ..audit import Actor, record
-from ..errors import InvalidRequest, NotFound
-from ..models import ApiToken, EndpointApiKey
-from ..notify import bump_revision
-from ..roles import ROLES
-from .catalog import lock_model
-from .deployments import endpoint_for_update
 
 
 def ensure_roles() -> None:

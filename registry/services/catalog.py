@@ -4,9 +4,9 @@ import re
 
 from django.db import IntegrityError, transaction
 
-from ..audit import Actor, record
-from ..errors import InvalidRequest, LifecycleError, NotFound
-from ..models import SLUG, Alias, ModelVersion, RegisteredModel
+from registry.audit import Actor, record
+from registry.errors import InvalidRequest, LifecycleError, NotFound
+from registry.models import SLUG, Alias, ModelVersion, RegisteredModel
 
 
 def lock_model(name: str, *, allow_archived: bool = False) -> RegisteredModel:

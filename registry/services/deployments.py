@@ -11,20 +11,20 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from ..audit import Actor, record
-from ..errors import LifecycleError, NotFound
-from ..models import Endpoint, ModelVersion, RegisteredModel, VersionStatus
-from ..notify import bump_revision
-from .catalog import lock_model
-
-# Endpoint states, derived from its fields (never stored, so they cannot disagree with them).
-EMPTY = "empty"            # serves nothing
-STABLE = "stable"          # one stable version takes all traffic
-CANARY = "canary"          # a candidate takes candidate_weight %, weights set by hand
-ANALYSING = "analysing"    # a canary whose weights the automated analysis drives
-BLUE_GREEN = "blue-green"  # live_color's slot takes all traffic, the other slot is idle
-UNLOADING = "unloading"    # an unload-first rollback between its two revisions
-STATES = (EMPTY, STABLE, CANARY, ANALYSING, BLUE_GREEN, UNLOADING)
+from registry.audit import Actor, record
+from registry.errors import LifecycleError, NotFound
+from registry.models import Endpoint, ModelVersion, RegisteredModel, VersionStatus
+from registry.notify import bump_revision
+from registry.routing import (
+    ANALYSING,
+    BLUE_GREEN,
+    CANARY,
+    EMPTY,
+    STABLE,
+    STATES,
+    UNLOADING,
+)
+from registry.services.catalog import lock_model
 
 # Which states allow which operation. Shadow is orthogonal to the traffic split.
 ALLOWED: dict[str, frozenset[str]] = {
@@ -59,16 +59,7 @@ HINTS = {
 
 
 def endpoint_state(ep: Endpoint) -> str:
-    if ep.live_color:
-        return BLUE_GREEN
-    if ep.candidate_id:
-        analysis = (ep.settings or {}).get("analysis") or {}
-        return ANALYSING if analysis and not analysis.get("paused") else CANARY
-    if ep.stable_id:
-        return STABLE
-    if (ep.settings or {}).get("pending_rollback"):
-        return UNLOADING
-    return EMPTY
+    return ep.routing.state
 
 
 class TransitionRefused(LifecycleError):
@@ -92,8 +83,9 @@ def endpoint_snapshot(ep: Endpoint) -> dict:
             return None
         return ModelVersion.objects.values_list("number", flat=True).get(pk=version_id)
 
+    routing = ep.routing
     return {
-        "state": endpoint_state(ep),
+        "state": routing.state, "live": num(routing.live),
         "stable": num(ep.stable_id), "candidate": num(ep.candidate_id),
         "candidate_weight": ep.candidate_weight, "blue": num(ep.blue_id),
         "green": num(ep.green_id), "live_color": ep.live_color or None,

@@ -9,11 +9,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from ..audit import Actor, record
-from ..errors import Gone, InvalidRequest, LifecycleError, NotFound
-from ..jobfiles import FileWriter, dataset_path, detect_format, inspect_dataset, job_dir
-from ..jobs import enqueue_job
-from ..models import Dataset, Endpoint, Job, JobKind, JobStatus, ModelVersion, VersionStatus
+from registry.audit import Actor, record
+from registry.errors import Gone, InvalidRequest, LifecycleError, NotFound
+from registry.jobs.housekeeping import enqueue_job
+from registry.models import Dataset, Endpoint, Job, JobKind, JobStatus, ModelVersion, VersionStatus
+from registry.store.files import FileWriter, dataset_path, detect_format, inspect_dataset, job_dir
 
 OUTPUT_FORMATS = ("npy", "npz", "jsonl")
 MAX_CHUNK_ROWS = 1_000_000
@@ -115,9 +115,8 @@ def batch_create(*, model_name: str, dataset_id, actor: Actor, version_number: i
                  output_format: str | None = None, max_rows_per_second: float = 0,
                  callback_url: str = "", callback_secret: str = "") -> Job:
     """Queue a batch transform of a dataset by one version."""
+    from registry.jobs.batch import match_columns
     from serving.signature import batch_dimension
-
-    from ..batch import match_columns
 
     version = resolve_version(model_name, version_number)
     dataset = Dataset.objects.filter(pk=dataset_id).first()

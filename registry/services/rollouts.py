@@ -7,20 +7,21 @@ reason, the figures or differences it used), revision + 1, serving notified afte
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 from django.conf import settings
 from django.utils import timezone
 
-from serving.signature import signature_differences
-
-from .. import selectors
-from ..audit import Actor
-from ..convergence import wait_for_revision
-from ..errors import InvalidRequest, LifecycleError, RegistryError
-from ..models import Endpoint, ModelVersion, RegisteredModel
-from ..roles import has_role
-from .deployments import keep_warm, ready_version, transition
+from registry import selectors
+from registry.audit import Actor
+from registry.convergence import wait_for_revision
+from registry.errors import InvalidRequest, LifecycleError, RegistryError
+from registry.models import Endpoint, ModelVersion, RegisteredModel
+from registry.roles import has_role
+from registry.routing import Analysis, AnalysisPlan, BlueGreen, PendingRollback
+from registry.services.deployments import keep_warm, ready_version, transition
+from registry.signatures import signature_differences
 
 ROLLBACK_ORDERS = ("load-first", "unload-first")
 UNLOAD_WAIT_SECONDS = 30.0
@@ -42,11 +43,6 @@ def _number(version_id: int | None) -> int | None:
     return ModelVersion.objects.values_list("number", flat=True).get(pk=version_id)
 
 
-def _settings(ep: Endpoint) -> dict:
-    ep.settings = dict(ep.settings or {})
-    return ep.settings
-
-
 # ------------------------------------------------------------------------------------ canary
 
 
@@ -55,10 +51,8 @@ def canary_start(*, model_name: str, version_number: int, weight: int = 0, actor
     """Route `weight` % of unpinned traffic to a ready candidate whose signature the stable's
     callers can use unchanged. An admin may override incompatibility with a reason (audited).
     With a plan, the automated analysis drives the weights, starting at its first step."""
-    from ..analysis import clean_plan
-
     _weight(weight)
-    plan = clean_plan(plan) if plan is not None else None
+    plan = AnalysisPlan.clean(plan) if plan is not None else None
 
     def change(ep: Endpoint, model: RegisteredModel) -> dict:
         version = ready_version(model, version_number)
@@ -80,11 +74,11 @@ def canary_start(*, model_name: str, version_number: int, weight: int = 0, actor
             details["override"] = differences
         ep.candidate, ep.candidate_weight = version, weight
         if plan is not None:
-            ep.candidate_weight = plan["steps"][0]
-            now = timezone.now().isoformat()
-            _settings(ep)["analysis"] = {"plan": plan, "step": 0, "paused": False,
-                                         "started_at": now, "step_started_at": now}
-            details["plan"] = plan
+            now = timezone.now()
+            analysis = Analysis(plan=plan, step=0, started_at=now, step_started_at=now)
+            ep.candidate_weight = analysis.weight
+            ep.rollout = ep.rollout.with_(analysis=analysis)
+            details["plan"] = plan.as_dict()
         return details
 
     return transition("canary", model_name=model_name, actor=actor, change=change, reason=reason)
@@ -103,7 +97,7 @@ def canary_weight(*, model_name: str, weight: int, actor: Actor, reason: str = "
 
 def _end_canary(ep: Endpoint) -> None:
     ep.candidate, ep.candidate_weight = None, 0
-    _settings(ep).pop("analysis", None)
+    ep.rollout = ep.rollout.with_(analysis=None)
 
 
 def canary_promote(*, model_name: str, actor: Actor, reason: str = "",
@@ -134,7 +128,7 @@ def canary_abort(*, model_name: str, actor: Actor, reason: str = "",
 
 def analysis_pause(*, model_name: str, actor: Actor, reason: str = "") -> Endpoint:
     def change(ep: Endpoint, model: RegisteredModel) -> None:
-        _settings(ep)["analysis"] = {**ep.settings["analysis"], "paused": True}
+        ep.rollout = ep.rollout.with_(analysis=replace(ep.rollout.analysis, paused=True))
 
     return transition("pause", model_name=model_name, actor=actor, change=change, reason=reason)
 
@@ -143,13 +137,13 @@ def analysis_resume(*, model_name: str, actor: Actor, reason: str = "") -> Endpo
     """Resume at the step where it paused: its weight again, and a fresh bake time."""
 
     def change(ep: Endpoint, model: RegisteredModel) -> None:
-        analysis = (ep.settings or {}).get("analysis")
+        analysis = ep.rollout.analysis
         if not analysis:
             raise LifecycleError(f"the canary on {model_name!r} has no analysis plan to resume; "
                                  f"start the canary with a plan")
-        ep.candidate_weight = analysis["plan"]["steps"][analysis["step"]]
-        _settings(ep)["analysis"] = {**analysis, "paused": False,
-                                     "step_started_at": timezone.now().isoformat()}
+        ep.candidate_weight = analysis.weight
+        ep.rollout = ep.rollout.with_(analysis=replace(
+            analysis, paused=False, step_started_at=timezone.now()))
 
     return transition("resume", model_name=model_name, actor=actor, change=change, reason=reason)
 
@@ -160,14 +154,13 @@ def analysis_advance(*, model_name: str, from_step: int, actor: Actor, reason: s
     `from_step` guards against two ticks advancing the same step twice."""
 
     def change(ep: Endpoint, model: RegisteredModel) -> dict | None:
-        analysis = ep.settings["analysis"]
-        if analysis["step"] != from_step:
+        analysis = ep.rollout.analysis
+        if analysis.step != from_step:
             raise LifecycleError(f"the analysis of {model_name!r} is at step "
-                                 f"{analysis['step']}, not {from_step}")
-        step = from_step + 1
-        ep.candidate_weight = analysis["plan"]["steps"][step]
-        _settings(ep)["analysis"] = {**analysis, "step": step,
-                                     "step_started_at": timezone.now().isoformat()}
+                                 f"{analysis.step}, not {from_step}")
+        analysis = replace(analysis, step=from_step + 1, step_started_at=timezone.now())
+        ep.candidate_weight = analysis.weight
+        ep.rollout = ep.rollout.with_(analysis=analysis)
         return details
 
     return transition("advance", model_name=model_name, actor=actor, change=change,
@@ -208,8 +201,8 @@ def rollback(*, model_name: str, version_number: int, actor: Actor, reason: str 
 
     def unload(ep: Endpoint, model: RegisteredModel) -> dict:
         version = target(ep, model)
-        _settings(ep)["pending_rollback"] = {"version": version.number,
-                                             "since": timezone.now().isoformat()}
+        ep.rollout = ep.rollout.with_(pending_rollback=PendingRollback(
+            version=version.number, since=timezone.now()))
         ep.stable = None
         ep.warm_versions, ep.warm_until = [], None
         return {"order": order, "phase": "unload"}
@@ -223,8 +216,9 @@ def rollback_complete(*, model_name: str, actor: Actor, reason: str = "") -> End
     """Second half of an unload-first rollback (also run by the periodic job after a crash)."""
 
     def load(ep: Endpoint, model: RegisteredModel) -> dict:
-        pending = _settings(ep).pop("pending_rollback")
-        ep.stable = ready_version(model, pending["version"])
+        pending = ep.rollout.pending_rollback
+        ep.rollout = ep.rollout.with_(pending_rollback=None)
+        ep.stable = ready_version(model, pending.version)
         return {"order": "unload-first", "phase": "load"}
 
     return transition("rollback-load", model_name=model_name, actor=actor, change=load,
@@ -232,11 +226,6 @@ def rollback_complete(*, model_name: str, actor: Actor, reason: str = "") -> End
 
 
 # -------------------------------------------------------------------------------- blue-green
-
-
-def _slots(ep: Endpoint) -> tuple[str, str]:
-    live = ep.live_color
-    return live, "green" if live == "blue" else "blue"
 
 
 def bluegreen_deploy(*, model_name: str, version_number: int, actor: Actor,
@@ -248,13 +237,13 @@ def bluegreen_deploy(*, model_name: str, version_number: int, actor: Actor,
         version = ready_version(model, version_number)
         if not ep.live_color:
             ep.blue, ep.live_color = ep.stable, "blue"
-        live, idle = _slots(ep)
-        if getattr(ep, f"{live}_id") == version.pk:
-            raise LifecycleError(f"version {version_number} is already live ({live})")
-        setattr(ep, idle, version)
-        _settings(ep)["blue_green"] = {"deployed_at": timezone.now().isoformat(),
-                                       "switched_at": None}
-        return {"color": idle}
+        routing = ep.routing
+        if routing.live == version.pk:
+            raise LifecycleError(f"version {version_number} is already live "
+                                 f"({routing.live_color})")
+        setattr(ep, routing.idle_color, version)
+        ep.rollout = ep.rollout.with_(blue_green=BlueGreen(deployed_at=timezone.now()))
+        return {"color": routing.idle_color}
 
     return transition("bg-deploy", model_name=model_name, actor=actor, change=change,
                       reason=reason)
@@ -273,12 +262,13 @@ def idle_laggards(model_name: str, version_number: int) -> list[dict]:
 
 def _switch(op: str, *, model_name: str, actor: Actor, reason: str) -> Endpoint:
     def change(ep: Endpoint, model: RegisteredModel) -> dict:
-        live, idle = _slots(ep)
-        bg = dict((ep.settings or {}).get("blue_green") or {})
-        if op == "switch" and bg.get("switched_at"):
+        routing = ep.routing
+        live, idle = routing.live_color, routing.idle_color
+        bg = ep.rollout.blue_green or BlueGreen(deployed_at=timezone.now())
+        if op == "switch" and bg.switched_at:
             raise LifecycleError(f"the idle colour ({idle}) holds the version just switched "
                                  f"away from; use switch-back, or deploy a new version to it")
-        if op == "switch-back" and not bg.get("switched_at"):
+        if op == "switch-back" and not bg.switched_at:
             raise LifecycleError(f"there is no switch to go back from on {model_name!r}")
         target = getattr(ep, idle)
         if target is None:
@@ -290,10 +280,10 @@ def _switch(op: str, *, model_name: str, actor: Actor, reason: str) -> Endpoint:
                 f"replica: " + ", ".join(f"{b['replica']} ({b['state']})" for b in behind),
                 details={"laggards": behind})
         ep.live_color, ep.stable = idle, target
-        now = timezone.now().isoformat()
-        bg.update({"switched_at": now, "from": live} if op == "switch"
-                  else {"switched_at": None, "switched_back_at": now})
-        _settings(ep)["blue_green"] = bg
+        now = timezone.now()
+        bg = (replace(bg, switched_at=now, switched_from=live) if op == "switch"
+              else replace(bg, switched_at=None, switched_back_at=now))
+        ep.rollout = ep.rollout.with_(blue_green=bg)
         return {"from": live, "to": idle}
 
     return transition(op, model_name=model_name, actor=actor, change=change, reason=reason)
@@ -315,14 +305,13 @@ def bluegreen_finish(*, model_name: str, actor: Actor, reason: str = "",
     warm for the grace period when finished by hand)."""
 
     def change(ep: Endpoint, model: RegisteredModel) -> dict:
-        live, idle = _slots(ep)
-        idle_id = getattr(ep, f"{idle}_id")
+        idle_id = ep.routing.idle
         if keep_idle_warm:
             keep_warm(ep, idle_id)
-        ep.stable = getattr(ep, live)
+        ep.stable = ep.live_version
         ep.blue = ep.green = None
         ep.live_color = ""
-        _settings(ep).pop("blue_green", None)
+        ep.rollout = ep.rollout.with_(blue_green=None)
         return {"dropped": _number(idle_id), "kept_warm": keep_idle_warm}
 
     return transition("bg-finish", model_name=model_name, actor=actor, change=change,
@@ -338,8 +327,7 @@ def shadow_start(*, model_name: str, version_number: int, actor: Actor,
 
     def change(ep: Endpoint, model: RegisteredModel) -> None:
         version = ready_version(model, version_number)
-        live = getattr(ep, ep.live_color) if ep.live_color else ep.stable
-        if live is not None and live.pk == version.pk:
+        if ep.routing.live == version.pk:
             raise LifecycleError(f"version {version_number} is the live version; shadow another")
         if ep.shadow_id == version.pk:
             raise LifecycleError(f"version {version_number} is already the shadow")
@@ -371,16 +359,15 @@ def housekeeping(*, actor: Actor | None = None) -> list[str]:
     grace = timedelta(seconds=settings.WARM_GRACE_SECONDS)
     done = []
     for ep in Endpoint.objects.select_related("model"):
-        name, extra = ep.model.name, ep.settings or {}
+        name, rollout = ep.model.name, ep.rollout
         try:
-            switched = (extra.get("blue_green") or {}).get("switched_at")
-            pending = extra.get("pending_rollback")
-            if ep.live_color and switched and _parse(switched) + grace <= now:
+            switched = rollout.blue_green.switched_at if rollout.blue_green else None
+            pending = rollout.pending_rollback
+            if ep.live_color and switched and switched + grace <= now:
                 bluegreen_finish(model_name=name, actor=actor, keep_idle_warm=False,
                                  reason="the old colour's grace period is over")
                 done.append(f"{name}: blue-green finished")
-            elif pending and _parse(pending["since"]) + timedelta(
-                    seconds=2 * UNLOAD_WAIT_SECONDS) <= now:
+            elif pending and pending.since + timedelta(seconds=2 * UNLOAD_WAIT_SECONDS) <= now:
                 rollback_complete(model_name=name, actor=actor,
                                   reason="completing an interrupted unload-first rollback")
                 done.append(f"{name}: rollback completed")
@@ -402,10 +389,4 @@ def _expire_warm(model_name: str, actor: Actor) -> Endpoint:
 
     return transition("expire-warm", model_name=model_name, actor=actor, change=change,
                       reason="grace period over", allow_archived=True)
-
-
-def _parse(stamp: str):
-    from datetime import datetime
-
-    return datetime.fromisoformat(stamp)
 

@@ -9,13 +9,13 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from ..audit import Actor, record
-from ..errors import InvalidRequest, LifecycleError
-from ..models import ModelVersion
-from ..tensorrt import BUILDING, PRECISIONS, QUEUED, build_tensorrt_task, save_status
-from ..worker import enqueue
-from .catalog import lock_model
-from .deployments import ready_version
+from registry.audit import Actor, record
+from registry.background import enqueue
+from registry.errors import InvalidRequest, LifecycleError
+from registry.integrations.tensorrt import BUILDING, PRECISIONS, QUEUED, save_status
+from registry.models import ModelVersion
+from registry.services.catalog import lock_model
+from registry.services.deployments import ready_version
 
 
 def tensorrt_build(*, model_name: str, number: int, precision: str,
@@ -43,6 +43,6 @@ def tensorrt_build(*, model_name: str, number: int, precision: str,
         record(actor, "version.tensorrt.requested", target_type="version",
                target=f"{model_name}:{number}", model_name=model_name, before=current or None,
                after=entry)
-        enqueue(build_tensorrt_task, version_id=version.pk, precision=precision)
+        enqueue("registry.build_tensorrt_engine", version_id=version.pk, precision=precision)
     version.refresh_from_db()
     return version

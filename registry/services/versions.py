@@ -3,13 +3,13 @@ from __future__ import annotations
 from django.db import transaction
 from django.db.models import Max
 
-from ..artifacts import StoredBlob
-from ..audit import Actor, record
-from ..errors import InvalidRequest, NotFound
-from ..models import ModelVersion, VersionStatus
-from ..notify import bump_revision
-from ..worker import enqueue
-from .catalog import lock_model
+from registry.audit import Actor, record
+from registry.background import enqueue
+from registry.errors import InvalidRequest, NotFound
+from registry.models import ModelVersion, VersionStatus
+from registry.notify import bump_revision
+from registry.services.catalog import lock_model
+from registry.store.artifacts import StoredBlob
 
 CONFIG_FIELDS = {
     "max_batch_size": (int, 0, 1 << 16),
@@ -44,9 +44,8 @@ def version_upload(*, model_name: str, blob: StoredBlob, actor: Actor, filename:
                model_name=model_name,
                after={"number": number, "sha256": blob.sha256, "size_bytes": blob.size,
                       "filename": version.original_filename})
-        from ..tasks import validate_version_task
 
-        enqueue(validate_version_task, version_id=version.pk)
+        enqueue("registry.validate_version", version_id=version.pk)
     return version, True
 
 

@@ -9,10 +9,10 @@ from urllib.parse import urlsplit
 from django.db import transaction
 from django.utils import timezone
 
-from ..audit import Actor, record
-from ..errors import InvalidRequest, NotFound
-from ..models import RegisteredModel, WebhookDelivery, WebhookSubscription
-from ..webhooks import EVENTS, attempt_delivery, encode
+from registry.audit import Actor, record
+from registry.errors import InvalidRequest, NotFound
+from registry.integrations.webhooks import EVENTS, attempt_delivery, encode
+from registry.models import RegisteredModel, WebhookDelivery, WebhookSubscription
 
 FIELDS = ("name", "url", "model", "events", "active", "secret")
 

@@ -148,7 +148,7 @@ def test_automated_canary_shows_its_plan_and_can_be_paused(page_client, deployed
                                        "steps": "5, 25, 100", "bake_seconds": 30}, follow=True)
     assert "Canary started" in messages_of(r), messages_of(r)
     ep = endpoint()
-    assert ep.candidate_weight == 5 and ep.settings["analysis"]["plan"]["steps"] == [5, 25, 100]
+    assert ep.candidate_weight == 5 and ep.rollout.analysis.plan.steps == (5, 25, 100)
     html = r.content.decode()
     assert 'data-state="analysing"' in html
     panel = html[html.index('id="analysis"'):]

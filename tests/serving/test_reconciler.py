@@ -16,11 +16,11 @@ import pytest
 from test_app import Server, reshape_by_input, write_model
 
 from registry import samples
+from registry.signatures import extract_signature
 from serving.app import ServingApp, ServingSettings
 from serving.dataplane import DataPlane
 from serving.reconciler import Reconciler
 from serving.routes import BatchingConfig, DesiredState, ModelRoute, ObservedState, VersionSpec
-from serving.signature import extract_signature
 
 ROW = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.25] * 64}]}
 

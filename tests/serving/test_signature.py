@@ -11,17 +11,15 @@ import pytest
 from onnx import TensorProto, helper
 
 from registry import samples
-from serving.codec import decode_infer_request
-from serving.errors import InvalidInput
-from serving.signature import (
-    batch_dimension,
+from registry.signatures import (
     extract_signature,
     runtime_compatibility_problem,
     runtime_limits,
     signature_differences,
-    validate_inputs,
-    validate_outputs,
 )
+from serving.codec import decode_infer_request
+from serving.errors import InvalidInput
+from serving.signature import batch_dimension, validate_inputs, validate_outputs
 
 
 def model(inputs, outputs, *, ir_version=9, opset=17, producer=("exporter", "2.1")):

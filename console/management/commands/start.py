@@ -11,9 +11,9 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from registry import samples, services
-from registry.artifacts import default_store
 from registry.audit import Actor
 from registry.models import RegisteredModel
+from registry.store.artifacts import default_store
 from registry.tasks import recover_validations
 from registry.validation import validate_version
 

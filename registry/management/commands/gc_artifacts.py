@@ -2,7 +2,7 @@ from datetime import timedelta
 
 from django.core.management.base import BaseCommand
 
-from registry.gc import collect_garbage
+from registry.store.gc import collect_garbage
 
 
 class Command(BaseCommand):

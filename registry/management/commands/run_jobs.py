@@ -9,7 +9,8 @@ import time
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
-from registry.jobs import expire_results, run_job, stale_jobs
+from registry.jobs.housekeeping import expire_results, stale_jobs
+from registry.jobs.runner import run_job
 
 
 class Command(BaseCommand):

@@ -8,9 +8,9 @@ from datetime import timedelta
 
 from django.db import transaction
 
-from .artifacts import ArtifactStore, default_store
-from .audit import Actor, record
-from .models import ModelVersion
+from registry.audit import Actor, record
+from registry.models import ModelVersion
+from registry.store.artifacts import ArtifactStore, default_store
 
 
 def collect_garbage(*, store: ArtifactStore | None = None, grace: timedelta = timedelta(hours=1),

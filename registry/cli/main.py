@@ -27,33 +27,8 @@ from pathlib import Path
 
 import httpx
 
-
-class CliError(Exception):
-    pass
-
-
-class Client:
-    def __init__(self, url: str, token: str | None, timeout: float = 60.0):
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=url.rstrip("/") + "/api/v1/", headers=headers,
-                                 timeout=timeout)
-
-    def call(self, method: str, path: str, **kwargs) -> dict | list | None:
-        try:
-            r = self.http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise CliError(f"cannot reach {self.http.base_url}: {exc}") from None
-        if r.status_code >= 400:
-            try:
-                message = r.json().get("error", r.text)
-            except ValueError:
-                message = r.text
-            raise CliError(f"{r.status_code}: {message}")
-        return r.json() if r.content else None
-
-
-def _print(data) -> None:
-    print(json.dumps(data, indent=2, default=str))
+from registry.cli.client import Client, CliError, print_json
+from registry.cli.jobs import job_parsers
 
 
 def _wait_validated(client: Client, model: str, number: int, timeout: float) -> dict:
@@ -76,7 +51,7 @@ def cmd_models(c: Client, a) -> int:
 
 
 def cmd_create_model(c: Client, a) -> int:
-    _print(c.call("POST", "models/", json={"name": a.name, "description": a.description,
+    print_json(c.call("POST", "models/", json={"name": a.name, "description": a.description,
                                            "tags": a.tag or []}))
     return 0
 
@@ -96,7 +71,7 @@ def cmd_upload(c: Client, a) -> int:
           f"(sha256 {version['sha256'][:12]}), status {version['status']}", file=sys.stderr)
     if a.wait:
         version = _wait_validated(c, a.model, version["number"], a.wait)
-    _print(version)
+    print_json(version)
     return 0 if version["status"] != "failed" else 2
 
 
@@ -111,7 +86,8 @@ def cmd_alias(c: Client, a) -> int:
     if a.delete:
         c.call("DELETE", f"models/{a.model}/aliases/{a.alias}/")
     else:
-        _print(c.call("PUT", f"models/{a.model}/aliases/{a.alias}/", json={"version": a.version}))
+        print_json(c.call("PUT", f"models/{a.model}/aliases/{a.alias}/",
+                          json={"version": a.version}))
     return 0
 
 
@@ -119,7 +95,7 @@ def cmd_deploy(c: Client, a) -> int:
     params = {"wait": a.wait} if a.wait else {}
     body = c.call("POST", f"models/{a.model}/endpoint/deploy/", params=params,
                   json={"version": a.version, "reason": a.reason})
-    _print(body)
+    print_json(body)
     conv = body.get("convergence")
     return 0 if conv is None or conv["converged"] else 3
 
@@ -156,7 +132,7 @@ def cmd_rollout(c: Client, a) -> int:
                         params={**params, "reason": a.reason})
     else:
         result = c.call("POST", f"models/{a.model}/endpoint/{path}/", params=params, json=body)
-    _print(result)
+    print_json(result)
     conv = result.get("convergence")
     return 0 if conv is None or conv["converged"] else 3
 
@@ -189,7 +165,7 @@ def cmd_export(c: Client, a) -> int:
 
 def cmd_tensorrt(c: Client, a) -> int:
     path = f"models/{a.model}/versions/{a.version}/tensorrt/"
-    _print(c.call("POST", path, json={"precision": a.precision})["validation_report"].get(
+    print_json(c.call("POST", path, json={"precision": a.precision})["validation_report"].get(
         "tensorrt"))
     return 0
 
@@ -202,14 +178,14 @@ def cmd_webhooks(c: Client, a) -> int:
 
 
 def cmd_webhook_add(c: Client, a) -> int:
-    _print(c.call("POST", "webhooks/", json={"url": a.url, "model": a.model, "name": a.name,
+    print_json(c.call("POST", "webhooks/", json={"url": a.url, "model": a.model, "name": a.name,
                                              "events": a.event or []}))
     return 0
 
 
 def cmd_webhook_test(c: Client, a) -> int:
     delivery = c.call("POST", f"webhooks/{a.id}/test/")
-    _print(delivery)
+    print_json(delivery)
     return 0 if delivery["status"] == "succeeded" else 2
 
 
@@ -298,8 +274,6 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_deploy)
     _rollout_parsers(sub)
     _integration_parsers(sub)
-    from .cli_jobs import job_parsers
-
     job_parsers(sub)
     return p
 

@@ -1,28 +1,24 @@
 """Webhook deliveries: which audit actions are lifecycle events, the signed JSON sent for each,
-and delivery with retries and exponential backoff (a Celery task with a countdown when clustered,
-a small thread pool with timers when embedded, so a slow receiver never delays validations).
+and delivery with retries and exponential backoff (background task `registry.deliver_webhook`
+on its own lane, so a slow receiver never delays validations).
 
-Events come from one hook point: `registry.audit.record` calls `schedule_events` for every audit
-event, which after commit fans the event out to the matching subscriptions."""
+Events come from one hook point: `registry.audit.record` calls its listeners for every audit
+event; `schedule_events` (registered by the app's ready()) fans lifecycle events out to the
+matching subscriptions after commit."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 
-import httpx
-from celery import shared_task
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from .models import (
+from registry.background import enqueue
+from registry.integrations import outbound
+from registry.models import (
     AuditEvent,
     DeliveryStatus,
     WebhookAttempt,
@@ -48,10 +44,6 @@ ACTION_EVENTS = {
 }
 _JOB_ENDINGS = ("finished", "succeeded", "failed", "cancelled", "completed")
 EVENTS = sorted({*ACTION_EVENTS.values(), "ping"})
-SIGNATURE_HEADER = "X-MMC-Signature"
-
-_executor: ThreadPoolExecutor | None = None
-_executor_lock = threading.Lock()
 
 
 def _setting(name: str, default):
@@ -66,11 +58,6 @@ def event_for(action: str, after: dict | None = None) -> str | None:
     if event == "endpoint.rolled_back" and (after or {}).get("state") == "unloading":
         return None  # first half of an unload-first rollback; the second half is the event
     return event
-
-
-def sign(secret: str, body: bytes) -> str:
-    """The X-MMC-Signature value: sha256=<hex HMAC-SHA256 of the raw body>."""
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
 def _version_of(ev: AuditEvent) -> int | None:
@@ -139,53 +126,13 @@ def dispatch(ev: AuditEvent, event: str) -> list[int]:
 
 
 def backoff(attempt: int) -> float:
-    """Seconds before retry number `attempt` + 1: base, 2·base, 4·base... capped."""
-    base = float(_setting("WEBHOOK_BACKOFF_SECONDS", 1.0))
-    return min(base * 2 ** (attempt - 1), float(_setting("WEBHOOK_BACKOFF_MAX_SECONDS", 300)))
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="mmc-webhook")
-        return _executor
-
-
-def _run_in_process(delivery_id: int) -> None:
-    close_old_connections()
-    try:
-        attempt_delivery(delivery_id)
-    except Exception:
-        log.exception("webhook delivery %s crashed", delivery_id)
-    finally:
-        close_old_connections()
+    return outbound.backoff(attempt, base=float(_setting("WEBHOOK_BACKOFF_SECONDS", 1.0)),
+                            cap=float(_setting("WEBHOOK_BACKOFF_MAX_SECONDS", 300)))
 
 
 def send(delivery_id: int, delay: float = 0.0) -> None:
     """Start (or retry after `delay` seconds) a delivery, off the caller's thread."""
-    if settings.CLUSTERED:
-        deliver_webhook_task.apply_async(kwargs={"delivery_id": delivery_id},
-                                         countdown=delay or None)
-    elif delay > 0:
-        timer = threading.Timer(delay, lambda: _pool().submit(_run_in_process, delivery_id))
-        timer.daemon = True
-        timer.start()
-    else:
-        _pool().submit(_run_in_process, delivery_id)
-
-
-def post(url: str, body: bytes, headers: dict) -> tuple[int | None, str, float]:
-    """One HTTP POST: (status code or None, error, duration in ms)."""
-    started = time.perf_counter()
-    try:
-        r = httpx.post(url, content=body, headers=headers,
-                       timeout=float(_setting("WEBHOOK_TIMEOUT_SECONDS", 10.0)))
-        code, error = r.status_code, ("" if r.is_success else f"HTTP {r.status_code}: "
-                                      f"{r.text[:200]}")
-    except httpx.HTTPError as exc:
-        code, error = None, f"{exc.__class__.__name__}: {exc}"[:500]
-    return code, error, round((time.perf_counter() - started) * 1000, 2)
+    enqueue("registry.deliver_webhook", delay=delay, delivery_id=delivery_id)
 
 
 def attempt_delivery(delivery_id: int, *, retry: bool = True) -> str:
@@ -199,12 +146,11 @@ def attempt_delivery(delivery_id: int, *, retry: bool = True) -> str:
         d.attempts += 1
         d.save(update_fields=["attempts"])
     sub, number, body = d.subscription, d.attempts, d.body.encode()
-    code, error, ms = post(sub.url, body, {
+    sent = outbound.post_signed(sub.url, body, {
         "Content-Type": "application/json", "User-Agent": "mmc-webhooks/1",
         "X-MMC-Event": d.event, "X-MMC-Delivery": str(d.pk),
-        SIGNATURE_HEADER: sign(sub.secret, body),
-    })
-    ok = code is not None and 200 <= code < 300
+    }, secret=sub.secret, timeout=float(_setting("WEBHOOK_TIMEOUT_SECONDS", 10.0)))
+    code, error, ms, ok = sent.status_code, sent.error, sent.duration_ms, sent.ok
     last = ok or not retry or number >= d.max_attempts
     with transaction.atomic():
         WebhookAttempt.objects.create(delivery=d, number=number, status_code=code, error=error,
@@ -218,7 +164,3 @@ def attempt_delivery(delivery_id: int, *, retry: bool = True) -> str:
         send(d.pk, backoff(number))
     return d.status
 
-
-@shared_task(name="registry.deliver_webhook", acks_late=True)
-def deliver_webhook_task(delivery_id: int) -> str:
-    return attempt_delivery(delivery_id)

@@ -10,22 +10,17 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import uuid
 from pathlib import Path
 
+from registry.cli.client import CliError, print_json
+
 FINISHED = ("succeeded", "failed", "cancelled")
 
 
-def _print(data) -> None:
-    print(json.dumps(data, indent=2, default=str))
-
-
 def _wait(c, job_id: str, timeout: float) -> dict:
-    from .cli import CliError
-
     deadline = time.monotonic() + timeout
     while True:
         job = c.call("GET", f"jobs/{job_id}/")
@@ -39,8 +34,6 @@ def _wait(c, job_id: str, timeout: float) -> dict:
 
 
 def _download(c, job: dict, out: str) -> None:
-    from .cli import CliError
-
     with c.http.stream("GET", f"jobs/{job['id']}/result/") as r:
         if r.status_code >= 400:
             r.read()
@@ -59,13 +52,11 @@ def _finish(c, job: dict, a) -> int:
         job = _wait(c, job["id"], a.wait)
         if job["status"] == "succeeded" and a.out:
             _download(c, job, a.out)
-    _print(job)
+    print_json(job)
     return 0 if job["status"] != "failed" else 2
 
 
 def cmd_async_infer(c, a) -> int:
-    from .cli import CliError
-
     path = Path(a.file)
     if not path.is_file():
         raise CliError(f"{path} is not a file")
@@ -85,8 +76,6 @@ def cmd_async_infer(c, a) -> int:
 
 
 def _upload(c, file: str, fmt: str | None) -> dict:
-    from .cli import CliError
-
     path = Path(file)
     if not path.is_file():
         raise CliError(f"{path} is not a file")
@@ -97,7 +86,7 @@ def _upload(c, file: str, fmt: str | None) -> dict:
 
 
 def cmd_batch_upload(c, a) -> int:
-    _print(_upload(c, a.file, a.format))
+    print_json(_upload(c, a.file, a.format))
     return 0
 
 
@@ -123,7 +112,7 @@ def cmd_job(c, a) -> int:
         job = _wait(c, a.id, a.wait) if a.wait else c.call("GET", f"jobs/{a.id}/")
     if a.result:
         _download(c, job, a.result)
-    _print(job)
+    print_json(job)
     return 0 if job["status"] != "failed" else 2
 
 

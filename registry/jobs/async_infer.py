@@ -10,9 +10,9 @@ restart. So the request goes to the console's API, which stores it and answers 2
 
 from __future__ import annotations
 
-from .jobfiles import atomic_write, job_dir
-from .jobs import JobFailed, Lease, open_body, predict_rows, session_for
-from .models import Job
+from registry.jobs.lease import JobFailed, Lease, open_body, predict_rows, session_for
+from registry.models import Job
+from registry.store.files import atomic_write, job_dir
 
 NO_LIMIT = 1 << 62
 

@@ -19,10 +19,17 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from .errors import InvalidRequest
-from .jobfiles import ArraySource, atomic_write, dataset_path, index_lines, job_dir, read_lines
-from .jobs import JobFailed, Lease, LeaseLost, chunk_count, predict_rows, session_for
-from .models import Job
+from registry.errors import InvalidRequest
+from registry.jobs.lease import JobFailed, Lease, LeaseLost, chunk_count, predict_rows, session_for
+from registry.models import Job
+from registry.store.files import (
+    ArraySource,
+    atomic_write,
+    dataset_path,
+    index_lines,
+    job_dir,
+    read_lines,
+)
 
 PROGRESS_EVERY_S = 0.5
 

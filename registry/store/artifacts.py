@@ -15,7 +15,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from .errors import PayloadTooLarge
+from registry.errors import PayloadTooLarge
 
 CHUNK = 1024 * 1024
 

@@ -11,13 +11,12 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from registry.errors import InvalidRequest, LifecycleError, NotFound
+from registry.models import ModelVersion, VersionStatus
+from registry.selectors import endpoint_get, model_get
+from registry.store.artifacts import CHUNK, ArtifactStore, default_store
 from serving.dataplane import triton_model_config
 from serving.signature import batch_dimension
-
-from .artifacts import CHUNK, ArtifactStore, default_store
-from .errors import InvalidRequest, LifecycleError, NotFound
-from .models import ModelVersion, VersionStatus
-from .selectors import endpoint_get, model_get
 
 FORMATS = ("triton",)
 KINDS = {"auto": None, "cpu": "KIND_CPU", "gpu": "KIND_GPU"}

@@ -8,25 +8,19 @@ notice goes unsigned. The result itself is not sent: the notice says where to fe
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import time
 
-import httpx
 import orjson
 from django.conf import settings
 
-from .models import Job
+from registry.integrations.outbound import backoff, post_signed
+from registry.models import Job
 
 log = logging.getLogger(__name__)
 ATTEMPTS = 4
 BACKOFF_S = 0.5
 TIMEOUT_S = 10.0
-
-
-def sign(secret: str, body: bytes) -> str:
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
 def notice(job: Job) -> bytes:
@@ -49,23 +43,18 @@ def deliver(job: Job, *, attempts: int = ATTEMPTS) -> str:
     headers = {"Content-Type": "application/json", "X-MMC-Job": str(job.pk),
                "X-MMC-Event": f"job.{job.status}"}
     secret = job.callback_secret or settings.JOB_CALLBACK_SECRET
-    if secret:
-        headers["X-MMC-Signature"] = sign(secret, body)
     outcome = ""
     for attempt in range(1, attempts + 1):
-        try:
-            r = httpx.post(job.callback_url, content=body, headers=headers, timeout=TIMEOUT_S)
-        except httpx.HTTPError as exc:
-            outcome = f"failed after {attempt} attempt(s): {exc.__class__.__name__}: {exc}"
-        else:
-            if r.status_code < 300:
-                outcome = f"delivered: HTTP {r.status_code} on attempt {attempt}"
-                break
-            outcome = f"failed after {attempt} attempt(s): HTTP {r.status_code}"
-            if r.status_code < 500 and r.status_code not in (408, 429):
-                break
+        sent = post_signed(job.callback_url, body, headers, secret=secret, timeout=TIMEOUT_S)
+        if sent.ok:
+            outcome = f"delivered: HTTP {sent.status_code} on attempt {attempt}"
+            break
+        what = sent.error if sent.status_code is None else f"HTTP {sent.status_code}"
+        outcome = f"failed after {attempt} attempt(s): {what}"
+        if not sent.retryable:
+            break
         if attempt < attempts:
-            time.sleep(BACKOFF_S * 2 ** (attempt - 1))
+            time.sleep(backoff(attempt, base=BACKOFF_S, cap=BACKOFF_S * 2 ** attempts))
     Job.objects.filter(pk=job.pk).update(callback_status=outcome[:300])
     if not outcome.startswith("delivered"):
         log.warning("callback for job %s: %s", job.pk, outcome)

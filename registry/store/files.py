@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from django.conf import settings
 
-from .errors import InvalidRequest, PayloadTooLarge
+from registry.errors import InvalidRequest, PayloadTooLarge
 
 CHUNK = 1024 * 1024
 FORMAT_BY_SUFFIX = {".npy": "npy", ".npz": "npz", ".jsonl": "jsonl", ".ndjson": "jsonl"}

@@ -10,11 +10,13 @@ from __future__ import annotations
 import logging
 import time
 
-from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from registry.audit import Actor, record
+from registry.models import ModelVersion, VersionStatus
+from registry.store.artifacts import default_store
 from serving.runtime import CPU, TENSORRT, OnnxRuntime, gpu_available
 from serving.signature import batch_dimension
 from serving.trt_cache import (  # noqa: F401 - re-exported for callers and tests
@@ -25,10 +27,6 @@ from serving.trt_cache import (  # noqa: F401 - re-exported for callers and test
     shape_profile,
     tensorrt_version,
 )
-
-from .artifacts import default_store
-from .audit import Actor, record
-from .models import ModelVersion, VersionStatus
 
 log = logging.getLogger(__name__)
 NO_GPU = "no CUDA GPU on this worker: engine not built; the version keeps serving on CPU"
@@ -100,7 +98,3 @@ def build_engine(version_id: int, precision: str) -> dict:
     entry["build_seconds"] = round(time.perf_counter() - started, 3)
     return _finish(version, precision, entry)
 
-
-@shared_task(name="registry.build_tensorrt_engine", acks_late=True)
-def build_tensorrt_task(version_id: int, precision: str) -> str:
-    return build_engine(version_id, precision)["status"]

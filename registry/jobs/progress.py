@@ -1,0 +1,29 @@
+"""How a job's progress and result read to a person or a client."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from registry.models import Job, JobStatus
+
+
+def progress(job: Job) -> dict:
+    """Rows done/total, fraction, rows/s and ETA as the API shows them."""
+    total, done, rate = job.rows_total, job.rows_done, job.rows_per_second
+    eta = None
+    if job.status == JobStatus.RUNNING and total and rate:
+        eta = round(max(total - done, 0) / rate, 1)
+    return {"rows_done": done, "rows_total": total,
+            "fraction": round(done / total, 4) if total else None,
+            "rows_per_second": round(rate, 1) if rate else None, "eta_seconds": eta,
+            "chunks_done": job.chunks_done, "chunks_total": job.chunks_total,
+            "chunks_resumed": job.chunks_resumed,
+            "elapsed_seconds": round(((job.finished_at or timezone.now()) - job.started_at)
+                                     .total_seconds(), 2) if job.started_at else None}
+
+
+def result_url(job: Job) -> str | None:
+    """Where the result downloads from, while there is one to download."""
+    if job.status != JobStatus.SUCCEEDED or job.expired:
+        return None
+    return f"/api/v1/jobs/{job.pk}/result/"

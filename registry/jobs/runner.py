@@ -1,0 +1,52 @@
+"""Runs one job (async inference or a batch transform) to an outcome on whatever worker picked
+it: Celery in clustered mode, the embedded process's job lane, or `manage.py run_jobs`."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+from registry.integrations.callbacks import deliver
+from registry.jobs.async_infer import run_async
+from registry.jobs.batch import run_batch
+from registry.jobs.lease import JobFailed, Lease, LeaseLost, claim, finish
+from registry.models import Job, JobKind, JobStatus
+from registry.store.files import job_dir
+from serving.errors import ServingError
+
+log = logging.getLogger(__name__)
+
+
+def run_job(job_id) -> str:
+    """Run one job to an outcome; safe to call twice or concurrently (the lease decides)."""
+    job = claim(job_id)
+    if job is None:
+        return "skipped"
+    try:
+        with Lease(job) as lease:
+            run = run_async if job.kind == JobKind.ASYNC else run_batch
+            fields = run(job, lease)
+        status, reason = JobStatus.SUCCEEDED, ""
+    except LeaseLost:
+        _cleanup_if_cancelled(job)
+        return "lost"
+    except JobFailed as exc:
+        status, reason, fields = JobStatus.FAILED, str(exc), {}
+    except Exception as exc:
+        if not isinstance(exc, ServingError):
+            log.exception("job %s crashed", job.pk)
+        reason = getattr(exc, "message", None) or f"{exc.__class__.__name__}: {exc}"
+        status, fields = JobStatus.FAILED, {}
+    if not finish(job, status, failure_reason=reason[:4000], **fields):
+        _cleanup_if_cancelled(job)
+        return "lost"
+    if status == JobStatus.SUCCEEDED:
+        shutil.rmtree(job_dir(job.pk) / "parts", ignore_errors=True)
+    if job.callback_url:
+        deliver(Job.objects.select_related("version__model").get(pk=job.pk))
+    return status
+
+
+def _cleanup_if_cancelled(job: Job) -> None:
+    if Job.objects.filter(pk=job.pk, status=JobStatus.CANCELLED).exists():
+        shutil.rmtree(job_dir(job.pk), ignore_errors=True)
