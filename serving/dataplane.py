@@ -147,7 +147,7 @@ class DataPlane:
         table = self.table
         route = self._route(model)
         if version is None:
-            version = _default_version(route)
+            version = route.default_version
             if version is None:
                 raise ModelNotReady(f"model '{model}' has no version serving traffic",
                                     retry_after=1)
@@ -391,12 +391,6 @@ def triton_model_config(
 def version_order(version: str) -> tuple[int, int, str]:
     """Numeric versions first, in numeric order; then the others by name."""
     return (0, int(version), "") if version.isdigit() else (1, 0, version)
-
-
-def _default_version(route: ModelRoute) -> str | None:
-    if route.live_color:
-        return route.blue if route.live_color == "blue" else route.green
-    return route.stable or route.candidate
 
 
 def _meta_tensor(t: dict) -> dict:

@@ -75,10 +75,25 @@ class ModelRoute:
         vs.discard(None)
         return vs  # type: ignore[return-value]
 
+    @property
+    def live_version(self) -> str | None:
+        """Blue-green: the version in the live slot (None without blue-green or if it is empty)."""
+        if not self.live_color:
+            return None
+        return self.blue if self.live_color == "blue" else self.green
+
+    @property
+    def default_version(self) -> str | None:
+        """The version an unpinned request that is not an inference is about (metadata, ready,
+        config): the live slot under blue-green, else the stable, else the candidate."""
+        if self.live_color:
+            return self.live_version
+        return self.stable or self.candidate
+
     def serving_versions(self) -> set[str]:
         """Versions that may answer unpinned traffic right now."""
         if self.live_color:
-            live = self.blue if self.live_color == "blue" else self.green
+            live = self.live_version
             return {live} if live else set()
         vs = set()
         if self.stable and self.candidate_weight < 100:
@@ -91,7 +106,7 @@ class ModelRoute:
         """Choose the version for one unpinned request; the same sticky key always gets the
         same side of the split (crc32 bucket), so A/B comparisons stay clean."""
         if self.live_color:
-            return self.blue if self.live_color == "blue" else self.green
+            return self.live_version
         if self.candidate and self.candidate_weight > 0:
             if sticky_key is not None:
                 bucket = zlib.crc32(sticky_key.encode()) % 100
