@@ -18,15 +18,21 @@ import numpy as np
 from serving.batching import DynamicBatcher
 from serving.codec import InferRequest, datatype_of, encode_infer_response
 from serving.errors import (
+    Forbidden,
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
-    NotSupported,
     ServerFault,
     ServingError,
     Unauthorized,
 )
-from serving.routes import ModelRoute, VersionSpec, api_key_hash
+from serving.routes import (
+    DesiredStateSource,
+    ModelRoute,
+    VersionSpec,
+    api_key_hash,
+    repository_action_not_offered,
+)
 from serving.runtime import OnnxRuntime
 from serving.signature import validate_inputs, validate_outputs
 from serving.stats import VersionStats
@@ -117,7 +123,7 @@ class DataPlane:
         self.started = False  # a first route table has been installed
         self.degraded: str | None = None  # why the source cannot be followed right now
         self.shadow: dict[str, ShadowStats] = {}
-        self.source = None  # set by the reconciler: load/unload hooks live there
+        self.source: DesiredStateSource | None = None  # set by the reconciler
         self.on_repository_change = None  # async callable: reconcile now
         self.loading: dict[tuple[str, str], Any] = {}  # versions being loaded right now
         self._background: set[asyncio.Task] = set()
@@ -314,15 +320,17 @@ class DataPlane:
 
     async def repository_action(self, action: str, model: str,
                                 authorization: str | None = None) -> None:
-        """Load/unload go through the registry (audited, authorised): call its hook."""
-        hook = getattr(self.source, f"request_{action}", None)
-        if hook is None:
-            raise NotSupported(
-                f"{action} of model '{model}' is not offered by this replica: its models come "
-                "from a model repository folder (edit the folder) or from the registry "
-                "(use the console or its REST API)")
+        """Load/unload go through the source (the registry: audited, authorised)."""
+        source = self.source
+        if not isinstance(source, DesiredStateSource):
+            # No source yet, or one written before load/unload joined the protocol.
+            raise repository_action_not_offered(action, model)
+        request = source.request_load if action == "load" else source.request_unload
         try:
-            await asyncio.get_running_loop().run_in_executor(None, hook, model, authorization)
+            await asyncio.get_running_loop().run_in_executor(None, request, model, authorization)
+        except (Unauthorized, Forbidden) as exc:
+            raise type(exc)(f"{action} of model '{model}' refused: {exc.message}",
+                            headers=exc.headers) from None
         except ServingError:
             raise
         except Exception as exc:  # noqa: BLE001 - a registry error carries its own status
@@ -336,6 +344,7 @@ class DataPlane:
             raise ModelNotFound(str(exc) or f"unknown model '{model}'") from None
         if self.on_repository_change is not None:
             await self.on_repository_change()
+
 
 class _Fed:
     """Adapter so validate_inputs can re-check already-decoded feeds for the shadow."""

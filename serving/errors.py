@@ -31,7 +31,7 @@ class InvalidInput(ServingError):
 
 
 class Unauthorized(ServingError):
-    """Missing or wrong API key for a protected model."""
+    """Missing or wrong credentials: a protected model's API key, a registry API token."""
 
     status = 401
 

@@ -7,7 +7,9 @@ import hashlib
 import random
 import zlib
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
+
+from serving.errors import NotSupported
 
 
 def api_key_hash(raw: str) -> str:
@@ -138,6 +140,7 @@ class ObservedState:
     degraded: str | None = None
 
 
+@runtime_checkable
 class DesiredStateSource(Protocol):
     """Where a replica learns what to run (the registry) and reports what it runs."""
 
@@ -152,3 +155,30 @@ class DesiredStateSource(Protocol):
 
     def subscribe(self, callback) -> None:
         """Call callback(revision) when a new revision is published (best effort)."""
+
+    def request_load(self, model: str, authorization: str | None = None) -> None:
+        """v2 repository extension: make `model` serve, as the caller whose Authorization
+        header this is. Blocking (runs in a worker thread). Raises NotSupported where desired
+        state is not changed this way, Unauthorized / Forbidden for the caller."""
+
+    def request_unload(self, model: str, authorization: str | None = None) -> None:
+        """v2 repository extension: stop serving `model`; raises as request_load does."""
+
+
+def repository_action_not_offered(action: str, model: str) -> NotSupported:
+    """The 501 for a load/unload this replica's source does not offer, saying where to go."""
+    return NotSupported(
+        f"{action} of model '{model}' is not offered by this replica: its models come "
+        "from a model repository folder (edit the folder) or from the registry "
+        "(use the console or its REST API)")
+
+
+class ReadOnlySource:
+    """Base for a DesiredStateSource whose desired state is edited elsewhere (a model
+    repository folder): the v2 repository load/unload requests answer 501."""
+
+    def request_load(self, model: str, authorization: str | None = None) -> None:
+        raise repository_action_not_offered("load", model)
+
+    def request_unload(self, model: str, authorization: str | None = None) -> None:
+        raise repository_action_not_offered("unload", model)
