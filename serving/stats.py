@@ -107,11 +107,6 @@ class VersionStats:
             b[3] += output_ns
         self.last_inference_ms = time.time_ns() // 1_000_000
 
-    def record_queue(self, queue_ns: int) -> None:
-        """Time one request waited between arrival and the start of its batch."""
-        self.queue_count += 1
-        self.queue_ns += queue_ns
-
     def record_success(self, duration_ns: int) -> None:
         """A request answered: its end-to-end duration goes to the counters and the histogram."""
         self.success_count += 1
