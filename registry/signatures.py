@@ -13,6 +13,7 @@ import functools
 import re
 
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto, helper
 
 #: ONNX tensor element type -> v2 datatype.
@@ -93,10 +94,6 @@ def runtime_limits() -> tuple[int, int] | None:
     """(max IR version, max default-domain opset) the installed onnxruntime loads, or None if
     unknown. Learned once per process by asking onnxruntime to load two tiny models that are
     too new and reading the limit from its refusal (no public API exposes it); ~10 ms."""
-    try:
-        import onnxruntime as ort
-    except ImportError:  # pragma: no cover - onnxruntime is a dependency
-        return None
     max_ir = _probe(ort, ir_version=10_000, opset=1, pattern=r"max supported IR version: (\d+)")
     max_opset = _probe(
         ort, ir_version=7, opset=10_000, pattern=r"support for domain ai\.onnx is till opset (\d+)"
@@ -134,8 +131,6 @@ def runtime_compatibility_problem(model: onnx.ModelProto) -> str | None:
     if limits is None:
         return None
     max_ir, max_opset = limits
-    import onnxruntime as ort
-
     runtime = f"onnxruntime {ort.__version__}"
     problems = []
     if model.ir_version > max_ir:

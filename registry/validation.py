@@ -8,14 +8,18 @@ import logging
 import time
 from datetime import timedelta
 
+import onnx
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from google.protobuf.message import DecodeError
 
 from registry.audit import Actor, record
 from registry.background import enqueue
 from registry.models import ModelVersion, VersionStatus
+from registry.signatures import extract_signature, runtime_compatibility_problem
 from registry.store.artifacts import default_store
+from serving.runtime import OnnxRuntime, select_providers
 from serving.signature import DEFAULT_MAX_BATCH_SIZE, batch_dimension
 
 log = logging.getLogger(__name__)
@@ -28,11 +32,6 @@ class ValidationFailed(Exception):
 
 def _inspect(path, size: int) -> tuple[dict, dict]:
     """Return (signature, report) or raise ValidationFailed with an actionable reason."""
-    import onnx
-    from google.protobuf.message import DecodeError
-
-    from registry.signatures import extract_signature, runtime_compatibility_problem
-    from serving.runtime import OnnxRuntime, select_providers
 
     if size == 0:
         raise ValidationFailed("the file is empty (0 bytes); upload the .onnx file itself")

@@ -13,6 +13,8 @@ from __future__ import annotations
 from registry.jobs.lease import JobFailed, Lease, open_body, predict_rows, session_for
 from registry.models import Job
 from registry.store.files import atomic_write, job_dir
+from serving.codec import decode_infer_request, encode_infer_response
+from serving.signature import batch_dimension, validate_inputs, validate_outputs
 
 NO_LIMIT = 1 << 62
 
@@ -26,9 +28,6 @@ def result_path(job: Job):
 
 
 def run_async(job: Job, lease: Lease) -> dict:
-    from serving.codec import decode_infer_request, encode_infer_response
-    from serving.signature import batch_dimension, validate_inputs, validate_outputs
-
     version = job.version
     if not version.signature:
         raise JobFailed(f"version {version.number} has no signature (is it ready?)")

@@ -30,14 +30,12 @@ from registry.store.files import (
     job_dir,
     read_lines,
 )
+from serving.codec import InputTensor, RequestedOutput, decode_infer_request, encode_infer_response
+from serving.dtypes import DATATYPES
+from serving.errors import InvalidInput
+from serving.signature import validate_inputs
 
 PROGRESS_EVERY_S = 0.5
-
-
-def _dtype(datatype: str) -> np.dtype:
-    from serving.codec import DATATYPES
-
-    return DATATYPES[datatype]
 
 
 def match_columns(columns: dict, signature: dict) -> dict[str, str]:
@@ -61,7 +59,7 @@ def match_columns(columns: dict, signature: dict) -> dict[str, str]:
         if spec["datatype"] == "BYTES":
             raise InvalidRequest(f"input {spec['name']} is BYTES; use a JSON Lines dataset",
                                  field="dataset")
-        want, got = _dtype(spec["datatype"]), np.dtype(col["dtype"])
+        want, got = DATATYPES[spec["datatype"]], np.dtype(col["dtype"])
         if got != want and not np.can_cast(got, want, "same_kind"):
             raise InvalidRequest(f"input {spec['name']}: dataset dtype {got} cannot be cast to "
                                  f"the model's {spec['datatype']}", field="dataset")
@@ -149,7 +147,7 @@ class _Arrays:
                  batch_size: int):
         self.source = ArraySource(path, fmt)
         self.mapping = mapping
-        self.dtypes = {s["name"]: _dtype(s["datatype"]) for s in signature["inputs"]}
+        self.dtypes = {s["name"]: DATATYPES[s["datatype"]] for s in signature["inputs"]}
         self.batch_size = batch_size
 
     def write_chunk(self, runtime, start: int, stop: int, dest: Path, lease: Lease) -> None:
@@ -242,10 +240,6 @@ class _JsonLines:
         self.batch_size, self.chunk_rows = batch_size, chunk_rows
 
     def _parse(self, line: bytes, number: int):
-        from serving.codec import InputTensor, decode_infer_request
-        from serving.errors import InvalidInput
-        from serving.signature import validate_inputs
-
         try:
             doc = orjson.loads(line)
             if not isinstance(doc, dict):
@@ -258,7 +252,7 @@ class _JsonLines:
                 for spec in self.signature["inputs"]:
                     if spec["name"] not in doc:
                         raise InvalidInput(f"missing input '{spec['name']}'")
-                    dtype = _dtype(spec["datatype"])
+                    dtype = DATATYPES[spec["datatype"]]
                     value = doc[spec["name"]]
                     if spec["datatype"] == "BYTES":
                         array = np.array([v.encode() if isinstance(v, str) else v
@@ -274,8 +268,6 @@ class _JsonLines:
         return request, feeds
 
     def write_chunk(self, runtime, start: int, stop: int, dest: Path, lease: Lease) -> None:
-        from serving.codec import RequestedOutput, encode_infer_response
-
         offset = self.offsets[start // self.chunk_rows]
         records = [self._parse(line, start + j + 1)
                    for j, line in enumerate(read_lines(self.path, offset, stop - start))]
