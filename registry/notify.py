@@ -41,7 +41,7 @@ def current_revision() -> int:
 def redis_client():
     global _redis
     if _redis is None and settings.REDIS_URL:
-        import redis
+        import redis  # clustered mode only: the embedded process never pays for it
 
         _redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2,
                                       socket_connect_timeout=2)

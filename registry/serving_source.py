@@ -10,18 +10,25 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
+from knox.auth import TokenAuthentication
+from rest_framework.exceptions import AuthenticationFailed
 
 from registry.audit import Actor
+from registry.errors import RegistryError
 from registry.integrations.tensorrt import BUILT
 from registry.metrics import record_samples
 from registry.models import Endpoint, EndpointApiKey, ModelVersion, ReplicaHeartbeat, VersionStatus
 from registry.notify import CHANNEL, current_revision, subscribe_in_process
+from registry.roles import has_role
 from registry.routing import Routing
+from registry.services import endpoint_deploy
 from registry.store.artifacts import default_store
+from serving.errors import Conflict, Forbidden, InvalidInput, ModelNotFound, Unauthorized
 from serving.routes import BatchingConfig, DesiredState, ModelRoute, ObservedState, VersionSpec
 
 log = logging.getLogger(__name__)
@@ -140,7 +147,7 @@ class RegistrySource:
                          daemon=True).start()
 
     def _listen(self, callback: Callable[[int], None]) -> None:
-        import redis
+        import redis  # clustered mode only: the embedded process never pays for it
 
         delay = 0.2
         while not self._stop.is_set():
@@ -164,47 +171,45 @@ class RegistrySource:
 
     # Model-repository extension: load/unload act through the registry, audited and authorised.
     def request_load(self, model: str, authorization: str | None = None) -> None:
-        from registry.services import endpoint_deploy
-
         actor = self._authorise(authorization)
         latest = (ModelVersion.objects.filter(model__name=model, status=VersionStatus.READY)
                   .order_by("-number").values_list("number", flat=True).first())
         if latest is None:
-            from registry.errors import NotFound
-
-            raise NotFound(f"model {model!r} has no ready version to load")
-        endpoint_deploy(model_name=model, version_number=latest, actor=actor,
-                        reason="repository load request")
+            raise ModelNotFound(f"model {model!r} has no ready version to load")
+        with serving_errors():
+            endpoint_deploy(model_name=model, version_number=latest, actor=actor,
+                            reason="repository load request")
 
     def request_unload(self, model: str, authorization: str | None = None) -> None:
-        from registry.services import endpoint_deploy
-
-        endpoint_deploy(model_name=model, version_number=None,
-                        actor=self._authorise(authorization), reason="repository unload request")
+        actor = self._authorise(authorization)
+        with serving_errors():
+            endpoint_deploy(model_name=model, version_number=None, actor=actor,
+                            reason="repository unload request")
 
     def _authorise(self, authorization: str | None) -> Actor:
         """A registry API token with the engineer role, as for the REST API."""
-        from knox.auth import TokenAuthentication
-        from rest_framework.exceptions import AuthenticationFailed
-
-        from registry.errors import RegistryError
-        from registry.roles import has_role
-
         close_old_connections()
         parts = (authorization or "").split()
         if len(parts) != 2 or parts[0].lower() != "bearer":
-            err = RegistryError("repository load/unload needs 'Authorization: Bearer <API token>'")
-            err.status = 401
-            raise err
+            raise Unauthorized("repository load/unload needs 'Authorization: Bearer <API token>'")
         try:
             user, _ = TokenAuthentication().authenticate_credentials(parts[1].encode())
         except AuthenticationFailed:
-            err = RegistryError("invalid or expired API token")
-            err.status = 401
-            raise err from None
+            raise Unauthorized("invalid or expired API token") from None
         if not has_role(user, "engineer"):
-            err = RegistryError("repository load/unload needs the engineer role")
-            err.status = 403
-            raise err
+            raise Forbidden("repository load/unload needs the engineer role")
         return Actor(user=user, name=user.get_username(), request_id="",
                      client_address=f"serving:{os.getpid()}")
+
+
+#: How a registry refusal reads on the data plane.
+_AS_SERVING = {404: ModelNotFound, 409: Conflict, 403: Forbidden}
+
+
+@contextmanager
+def serving_errors():
+    """Registry errors raised inside become the data plane's typed errors, status kept."""
+    try:
+        yield
+    except RegistryError as exc:
+        raise _AS_SERVING.get(exc.status, InvalidInput)(exc.message) from None

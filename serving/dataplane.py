@@ -18,6 +18,7 @@ import numpy as np
 from serving.batching import DynamicBatcher
 from serving.codec import InferRequest, datatype_of, encode_infer_response
 from serving.errors import (
+    Conflict,
     Forbidden,
     InvalidInput,
     ModelNotFound,
@@ -328,20 +329,10 @@ class DataPlane:
         request = source.request_load if action == "load" else source.request_unload
         try:
             await asyncio.get_running_loop().run_in_executor(None, request, model, authorization)
-        except (Unauthorized, Forbidden) as exc:
+        except (Unauthorized, Forbidden, ModelNotFound, Conflict, InvalidInput) as exc:
+            # A source raises typed errors (the protocol says so): name the action refused.
             raise type(exc)(f"{action} of model '{model}' refused: {exc.message}",
                             headers=exc.headers) from None
-        except ServingError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a registry error carries its own status
-            status = getattr(exc, "status", None)
-            if status in (401, 403, 404, 409):
-                error = ServingError(f"{action} of model '{model}' refused: {exc}")
-                error.status = status
-                raise error from None
-            if not isinstance(exc, LookupError):
-                raise InvalidInput(f"{action} of model '{model}' refused: {exc}") from None
-            raise ModelNotFound(str(exc) or f"unknown model '{model}'") from None
         if self.on_repository_change is not None:
             await self.on_repository_change()
 

@@ -51,6 +51,12 @@ class ModelNotFound(ServingError):
     status = 404
 
 
+class Conflict(ServingError):
+    """The target's current state forbids the operation (e.g. a load while a rollout runs)."""
+
+    status = 409
+
+
 class MethodNotAllowed(ServingError):
     """The path exists but not for this HTTP method; `Allow` names the one it takes."""
 

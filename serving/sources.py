@@ -21,7 +21,14 @@ from pathlib import Path
 
 import orjson
 
-from serving.routes import BatchingConfig, DesiredState, ModelRoute, ObservedState, VersionSpec
+from serving.routes import (
+    BatchingConfig,
+    DesiredState,
+    ModelRoute,
+    ObservedState,
+    ReadOnlySource,
+    VersionSpec,
+)
 from serving.signature import DEFAULT_MAX_BATCH_SIZE, batch_dimension
 
 _MODEL_FILE = "model.onnx"
@@ -31,7 +38,7 @@ def _version_order(name: str) -> tuple[int, int | str]:
     return (0, int(name)) if name.isdigit() else (1, name)
 
 
-class RepositorySource:
+class RepositorySource(ReadOnlySource):
     """A DesiredStateSource over a folder; its revision is the newest mtime (ns) in the tree,
     so adding a version, editing config.json or replacing a file is a new revision."""
 

@@ -10,6 +10,8 @@ restart. So the request goes to the console's API, which stores it and answers 2
 
 from __future__ import annotations
 
+from django.conf import settings
+
 from registry.jobs.lease import JobFailed, Lease, open_body, predict_rows, session_for
 from registry.models import Job
 from registry.store.files import atomic_write, job_dir
@@ -37,7 +39,8 @@ def run_async(job: Job, lease: Lease) -> dict:
     header_length = job.params.get("header_length")
     body = open_body(path) if header_length is not None else path.read_bytes()
     request = decode_infer_request(body, header_length=header_length,
-                                   content_encoding=job.params.get("content_encoding"))
+                                   content_encoding=job.params.get("content_encoding"),
+                                   max_bytes=settings.ASYNC_MAX_BYTES)
     batched = batch_dimension(version.signature) and version.max_batch_size > 0
     # The real-time max_batch_size bounds one run, not the request: run it in slices of that size.
     feeds = validate_inputs(request.inputs, version.signature, NO_LIMIT if batched else 0)

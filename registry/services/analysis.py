@@ -1,7 +1,8 @@
 """Automated canary analysis: a plan (weight steps, bake time, guards; registry.routing) stored
 in the endpoint's rollout state, and a periodic tick that reads per-version figures, then
-advances the weight, promotes at the end, or rolls the candidate back by itself. Every decision that changes the endpoint goes
-through the rollout services (actor "canary-analysis") and is audited with the figures it used.
+advances the weight, promotes at the end, or rolls the candidate back by itself. Every decision
+that changes the endpoint goes through the rollout services (actor "canary-analysis") and is
+audited with the figures it used.
 
 The tick is a plain function (tests call it); the periodic task `registry.rollout_tick`
 (registry/tasks.py) runs it."""
