@@ -151,7 +151,7 @@ REST_FRAMEWORK = {
         "knox.auth.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["registry.api.permissions.IsViewer"],
+    "DEFAULT_PERMISSION_CLASSES": ["registry.api.permissions.RolePermission"],
     "DEFAULT_PAGINATION_CLASS": "registry.api.pagination.Pagination",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

@@ -1,7 +1,7 @@
 """Small real ONNX models built with onnx.helper: the demo model, test fixtures and benchmarks.
 
 IR version and opset are pinned because onnx writes an IR version newer than onnxruntime
-loads (see FACTS.md); everything here loads on onnxruntime >= 1.17.
+loads; everything here loads on onnxruntime >= 1.17.
 """
 
 from __future__ import annotations

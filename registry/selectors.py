@@ -9,7 +9,7 @@ from django.db.models import Count, OuterRef, Prefetch, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from registry.errors import NotFound
+from registry.errors import LifecycleError, NotFound
 from registry.models import (
     Alias,
     AuditEvent,
@@ -18,6 +18,7 @@ from registry.models import (
     ModelVersion,
     RegisteredModel,
     ReplicaHeartbeat,
+    VersionStatus,
 )
 
 
@@ -55,6 +56,29 @@ def version_get(model_name: str, number: int) -> ModelVersion:
         model_get(model_name)
         raise NotFound(f"model {model_name!r} has no version {number}", field="version")
     return version
+
+
+def ready_versions(model: RegisteredModel, numbers: list[int], *,
+                   field: str = "version") -> list[ModelVersion]:
+    """Versions `numbers` of `model`, in that order, each of which must exist (else NotFound)
+    and be ready (else LifecycleError): the one check before a version is deployed, rolled out,
+    run as a job, built with TensorRT or exported. `field` names the request field in errors."""
+    found = {v.number: v for v in model.versions.filter(number__in=numbers)}
+    for number in numbers:
+        if number not in found:
+            raise NotFound(f"model {model.name!r} has no version {number}", field=field)
+    for number in numbers:
+        version = found[number]
+        if version.status != VersionStatus.READY:
+            raise LifecycleError(
+                f"version {number} of {model.name!r} is {version.status}, not ready"
+                + (f": {version.failure_reason}" if version.failure_reason else ""), field=field)
+    return [found[number] for number in numbers]
+
+
+def ready_version(model: RegisteredModel, number: int, *, field: str = "version") -> ModelVersion:
+    """Version `number` of `model`, which must exist and be ready (see ready_versions)."""
+    return ready_versions(model, [number], field=field)[0]
 
 
 def alias_list(model: RegisteredModel) -> QuerySet[Alias]:

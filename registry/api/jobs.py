@@ -13,7 +13,6 @@ they belong to the data plane.
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.files.uploadhandler import FileUploadHandler
 from django.http import FileResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers, status
@@ -23,9 +22,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry import selectors
+from registry.api.uploads import DatasetUploadHandler
 from registry.api.views import actor, valid
 from registry.errors import InvalidRequest, LifecycleError, NotFound, PayloadTooLarge
-from registry.jobs.progress import progress, result_url
+from registry.jobs.progress import progress, result_url, status_url
 from registry.models import Dataset, Job, JobStatus
 from registry.services import jobs as svc
 from registry.store.files import FileWriter, job_dir
@@ -67,7 +67,7 @@ class JobSerializer(serializers.ModelSerializer):
         return progress(obj)
 
     def get_status_url(self, obj) -> str:
-        return f"/api/v1/jobs/{obj.pk}/"
+        return status_url(obj)
 
     def get_result_url(self, obj) -> str | None:
         return result_url(obj)
@@ -149,30 +149,6 @@ class AsyncInferView(JobsPermission, APIView):
         return _accepted(job)
 
 
-class _DatasetFileHandler(FileUploadHandler):
-    """Multipart field `file` streamed straight into a FileWriter (no second temporary copy)."""
-
-    chunk_size = 1024 * 1024
-
-    def new_file(self, field_name, *args, **kwargs):
-        if field_name != "file":
-            raise InvalidRequest(f"unexpected file field {field_name!r}; send the dataset as "
-                                 f"'file'", field=field_name)
-        super().new_file(field_name, *args, **kwargs)
-        self.writer = FileWriter(limit=settings.MAX_UPLOAD_BYTES, what="dataset")
-
-    def receive_data_chunk(self, raw_data, start):
-        self.writer.write(raw_data)
-
-    def file_complete(self, file_size):
-        self.writer.name = self.file_name or ""
-        return self.writer
-
-    def upload_interrupted(self):
-        if getattr(self, "writer", None) is not None:
-            self.writer.abort()
-
-
 class DatasetListView(JobsPermission, generics.ListAPIView):
     serializer_class = DatasetSerializer
     parser_classes = [MultiPartParser]
@@ -182,7 +158,7 @@ class DatasetListView(JobsPermission, generics.ListAPIView):
 
     def initial(self, request, *args, **kwargs):
         if request.method == "POST":
-            request._request.upload_handlers = [_DatasetFileHandler(request._request)]
+            request._request.upload_handlers = [DatasetUploadHandler(request._request)]
         super().initial(request, *args, **kwargs)
 
     @extend_schema(request={"multipart/form-data": dict}, responses={201: DatasetSerializer})

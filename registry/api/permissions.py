@@ -4,7 +4,8 @@ from registry.roles import has_role
 
 
 class RolePermission(BasePermission):
-    """Reads need `read_role`, writes `write_role` (view attributes; viewer / engineer)."""
+    """The API's default permission: reads need the view's `read_role` (default viewer), writes
+    its `write_role` (default engineer); a view raises either by setting the attribute."""
 
     message = "your role does not allow this"
 
@@ -18,5 +19,3 @@ class RolePermission(BasePermission):
             return False
         return True
 
-
-IsViewer = RolePermission

@@ -1,11 +1,55 @@
-"""Multipart uploads go straight into the artifact store while hashing: no copy in memory, no
-second temporary file."""
+"""Multipart uploads stream straight into a HashingWriter while they arrive: no copy in memory,
+no second temporary file. Model artifacts go into the artifact store, datasets under jobs/."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.files.uploadhandler import FileUploadHandler
 
-from registry.store.artifacts import ArtifactStore, BlobWriter, StoredBlob
+from registry.errors import InvalidRequest
+from registry.store.artifacts import CHUNK, ArtifactStore, BlobWriter, StoredBlob
+from registry.store.files import FileWriter
+from registry.store.writer import HashingWriter
+
+
+class StreamingUploadHandler(FileUploadHandler):
+    """Takes the one multipart file field `file`; any other file field is an error.
+
+    Subclasses say how to open a writer and what request.FILES gets once the file is complete.
+    """
+
+    chunk_size = CHUNK
+    what = "file"  # what the field holds, for the error message
+
+    def __init__(self, request=None):
+        super().__init__(request)
+        self.writer: HashingWriter | None = None
+
+    def open_writer(self) -> HashingWriter:
+        raise NotImplementedError
+
+    def uploaded(self, writer: HashingWriter):
+        """What request.FILES["file"] holds for the finished `writer`."""
+        raise NotImplementedError
+
+    def new_file(self, field_name, *args, **kwargs):
+        if field_name != "file":
+            raise InvalidRequest(f"unexpected file field {field_name!r}; send the {self.what} as "
+                                 f"'file'", field=field_name)
+        super().new_file(field_name, *args, **kwargs)
+        self.writer = self.open_writer()
+
+    def receive_data_chunk(self, raw_data, start):
+        self.writer.write(raw_data)  # raises PayloadTooLarge (and cleans up) past the limit
+        return None
+
+    def file_complete(self, file_size):
+        writer, self.writer = self.writer, None
+        return self.uploaded(writer)
+
+    def upload_interrupted(self):
+        if self.writer is not None:
+            self.writer.abort()
 
 
 class StoredUpload:
@@ -17,27 +61,30 @@ class StoredUpload:
         self.size = blob.size
 
 
-class StoreUploadHandler(FileUploadHandler):
-    chunk_size = 1024 * 1024
+class StoreUploadHandler(StreamingUploadHandler):
+    """A model version's artifact, streamed into the artifact store."""
+
+    what = "model"
 
     def __init__(self, store: ArtifactStore, request=None):
         super().__init__(request)
         self.store = store
-        self.writer: BlobWriter | None = None
 
-    def new_file(self, *args, **kwargs):
-        super().new_file(*args, **kwargs)
-        self.writer = self.store.writer()
+    def open_writer(self) -> BlobWriter:
+        return self.store.writer()
 
-    def receive_data_chunk(self, raw_data, start):
-        self.writer.write(raw_data)  # raises PayloadTooLarge (and cleans up) past the limit
-        return None
+    def uploaded(self, writer: BlobWriter) -> StoredUpload:
+        return StoredUpload(self.file_name or "", writer.finish())
 
-    def file_complete(self, file_size):
-        blob = self.writer.finish()
-        self.writer = None
-        return StoredUpload(self.file_name or "", blob)
 
-    def upload_interrupted(self):
-        if self.writer is not None:
-            self.writer.abort()
+class DatasetUploadHandler(StreamingUploadHandler):
+    """A dataset, streamed into a FileWriter; dataset_create moves it into place."""
+
+    what = "dataset"
+
+    def open_writer(self) -> FileWriter:
+        return FileWriter(limit=settings.MAX_UPLOAD_BYTES, what="dataset")
+
+    def uploaded(self, writer: FileWriter) -> FileWriter:
+        writer.name = self.file_name or ""
+        return writer

@@ -12,7 +12,24 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry import selectors, services
-from registry.api import serializers as s
+from registry.api.serializers import (
+    AliasSerializer,
+    AliasSetSerializer,
+    ApiKeySerializer,
+    ArchiveSerializer,
+    AuditEventSerializer,
+    DeploySerializer,
+    EndpointSerializer,
+    ModelCreateSerializer,
+    ModelSerializer,
+    ModelUpdateSerializer,
+    NameSerializer,
+    TokenCreateSerializer,
+    TokenSerializer,
+    UploadSerializer,
+    VersionConfigSerializer,
+    VersionSerializer,
+)
 from registry.api.uploads import StoreUploadHandler
 from registry.audit import Actor
 from registry.convergence import wait_for_revision
@@ -20,7 +37,7 @@ from registry.errors import InvalidRequest, LifecycleError, PayloadTooLarge
 from registry.filtersets import AuditFilterSet, ModelFilterSet
 from registry.models import ApiToken
 from registry.roles import role_of
-from registry.store.artifacts import CHUNK, default_store
+from registry.store.artifacts import default_store
 
 
 def actor(request) -> Actor:
@@ -50,38 +67,38 @@ class MeView(APIView):
 
 
 class ModelListView(generics.ListAPIView):
-    serializer_class = s.ModelSerializer
+    serializer_class = ModelSerializer
     filterset_class = ModelFilterSet
 
     def get_queryset(self):
         return selectors.model_list()
 
-    @extend_schema(request=s.ModelCreateSerializer, responses={201: s.ModelSerializer})
+    @extend_schema(request=ModelCreateSerializer, responses={201: ModelSerializer})
     def post(self, request):
-        data = valid(s.ModelCreateSerializer, request.data)
+        data = valid(ModelCreateSerializer, request.data)
         model = services.model_create(actor=actor(request), **data)
-        return Response(s.ModelSerializer(selectors.model_get(model.name)).data,
+        return Response(ModelSerializer(selectors.model_get(model.name)).data,
                         status=status.HTTP_201_CREATED)
 
 
 class ModelDetailView(APIView):
-    @extend_schema(responses=s.ModelSerializer)
+    @extend_schema(responses=ModelSerializer)
     def get(self, request, name):
-        return Response(s.ModelSerializer(selectors.model_get(name)).data)
+        return Response(ModelSerializer(selectors.model_get(name)).data)
 
-    @extend_schema(request=s.ModelUpdateSerializer, responses=s.ModelSerializer)
+    @extend_schema(request=ModelUpdateSerializer, responses=ModelSerializer)
     def patch(self, request, name):
-        data = valid(s.ModelUpdateSerializer, request.data)
+        data = valid(ModelUpdateSerializer, request.data)
         services.model_update(name=name, actor=actor(request), **data)
-        return Response(s.ModelSerializer(selectors.model_get(name)).data)
+        return Response(ModelSerializer(selectors.model_get(name)).data)
 
 
 class ModelArchiveView(APIView):
-    @extend_schema(request=s.ArchiveSerializer, responses=s.ModelSerializer)
+    @extend_schema(request=ArchiveSerializer, responses=ModelSerializer)
     def post(self, request, name):
-        data = valid(s.ArchiveSerializer, request.data)
+        data = valid(ArchiveSerializer, request.data)
         services.model_archive(name=name, actor=actor(request), **data)
-        return Response(s.ModelSerializer(selectors.model_get(name)).data)
+        return Response(ModelSerializer(selectors.model_get(name)).data)
 
 
 def _check_uploadable(request, name: str) -> None:
@@ -111,7 +128,7 @@ def _metadata(raw) -> dict | None:
 
 
 def _upload_response(version, created: bool) -> Response:
-    body = s.VersionSerializer(version).data
+    body = VersionSerializer(version).data
     body["created"] = created
     if not created:
         body["detail"] = (f"identical artifact (sha256 {version.sha256[:12]}…) is already "
@@ -119,18 +136,8 @@ def _upload_response(version, created: bool) -> Response:
     return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
-class OnlyFileField(StoreUploadHandler):
-    """Streams the multipart field `file` into the store; any other file field is an error."""
-
-    def new_file(self, field_name, *args, **kwargs):
-        if field_name != "file":
-            raise InvalidRequest(f"unexpected file field {field_name!r}; send the model as "
-                                 f"'file'", field=field_name)
-        super().new_file(field_name, *args, **kwargs)
-
-
 class VersionListView(generics.ListAPIView):
-    serializer_class = s.VersionSerializer
+    serializer_class = VersionSerializer
     parser_classes = [MultiPartParser]
 
     def get_queryset(self):
@@ -140,11 +147,12 @@ class VersionListView(generics.ListAPIView):
         # Install the streaming handler before authentication: with a browser session, the CSRF
         # check reads request.POST, which parses the multipart body there and then.
         if request.method == "POST":
-            request._request.upload_handlers = [OnlyFileField(default_store(), request._request)]
+            handler = StoreUploadHandler(default_store(), request._request)
+            request._request.upload_handlers = [handler]
         super().initial(request, *args, **kwargs)
 
-    @extend_schema(request={"multipart/form-data": s.UploadSerializer},
-                   responses={201: s.VersionSerializer, 200: s.VersionSerializer})
+    @extend_schema(request={"multipart/form-data": UploadSerializer},
+                   responses={201: VersionSerializer, 200: VersionSerializer})
     def post(self, request, name):
         """Upload a version (multipart field `file`, optional `metadata` JSON)."""
         _check_uploadable(request, name)
@@ -164,21 +172,12 @@ class VersionRawUploadView(APIView):
     @extend_schema(
         request={"application/octet-stream": bytes},
         parameters=[OpenApiParameter("filename", str), OpenApiParameter("metadata", str)],
-        responses={201: s.VersionSerializer, 200: s.VersionSerializer},
+        responses={201: VersionSerializer, 200: VersionSerializer},
     )
     def put(self, request, name):
         """Upload a version as the raw request body (curl --upload-file)."""
         _check_uploadable(request, name)
-        writer = default_store().writer()
-        try:
-            while chunk := request._request.read(CHUNK):
-                writer.write(chunk)
-        except PayloadTooLarge:
-            raise
-        except BaseException:
-            writer.abort()
-            raise
-        blob = writer.finish()
+        blob = default_store().writer().read_from(request._request.read).finish()
         version, created = services.version_upload(
             model_name=name, blob=blob, actor=actor(request),
             filename=request.query_params.get("filename", ""),
@@ -189,22 +188,22 @@ class VersionRawUploadView(APIView):
 
 
 class VersionDetailView(APIView):
-    @extend_schema(responses=s.VersionSerializer)
+    @extend_schema(responses=VersionSerializer)
     def get(self, request, name, number):
-        return Response(s.VersionSerializer(selectors.version_get(name, number)).data)
+        return Response(VersionSerializer(selectors.version_get(name, number)).data)
 
-    @extend_schema(request=s.VersionConfigSerializer, responses=s.VersionSerializer)
+    @extend_schema(request=VersionConfigSerializer, responses=VersionSerializer)
     def patch(self, request, name, number):
         """Change serving settings (batching, instances, threads); other fields are immutable."""
-        allowed = set(s.VersionConfigSerializer().fields)
+        allowed = set(VersionConfigSerializer().fields)
         immutable = set(request.data) - allowed
         if immutable:
             raise InvalidRequest(f"{', '.join(sorted(immutable))}: a version is immutable; only "
                                  f"serving settings ({', '.join(sorted(allowed))}) can change",
                                  field=sorted(immutable)[0])
-        data = valid(s.VersionConfigSerializer, request.data)
+        data = valid(VersionConfigSerializer, request.data)
         services.version_configure(model_name=name, number=number, actor=actor(request), **data)
-        return Response(s.VersionSerializer(selectors.version_get(name, number)).data)
+        return Response(VersionSerializer(selectors.version_get(name, number)).data)
 
 
 class VersionArtifactView(APIView):
@@ -220,19 +219,19 @@ class VersionArtifactView(APIView):
 
 
 class AliasListView(APIView):
-    @extend_schema(responses=s.AliasSerializer(many=True))
+    @extend_schema(responses=AliasSerializer(many=True))
     def get(self, request, name):
         aliases = selectors.alias_list(selectors.model_get(name))
-        return Response(s.AliasSerializer(aliases, many=True).data)
+        return Response(AliasSerializer(aliases, many=True).data)
 
 
 class AliasDetailView(APIView):
-    @extend_schema(request=s.AliasSetSerializer, responses=s.AliasSerializer)
+    @extend_schema(request=AliasSetSerializer, responses=AliasSerializer)
     def put(self, request, name, alias):
-        data = valid(s.AliasSetSerializer, request.data)
+        data = valid(AliasSetSerializer, request.data)
         obj = services.alias_set(model_name=name, alias=alias, version_number=data["version"],
                                  actor=actor(request))
-        return Response(s.AliasSerializer(obj).data)
+        return Response(AliasSerializer(obj).data)
 
     def delete(self, request, name, alias):
         services.alias_remove(model_name=name, alias=alias, actor=actor(request))
@@ -241,7 +240,7 @@ class AliasDetailView(APIView):
 
 def endpoint_response(name: str, request, revision: int | None = None) -> Response:
     ep = selectors.endpoint_get(selectors.model_get(name))
-    body = s.EndpointSerializer(ep).data if ep else {"model": name, "stable": None, "revision": 0}
+    body = EndpointSerializer(ep).data if ep else {"model": name, "stable": None, "revision": 0}
     seconds = wait_seconds(request)
     if seconds is not None and revision is not None:
         body["convergence"] = wait_for_revision(revision, seconds)
@@ -249,36 +248,36 @@ def endpoint_response(name: str, request, revision: int | None = None) -> Respon
 
 
 class EndpointView(APIView):
-    @extend_schema(responses=s.EndpointSerializer)
+    @extend_schema(responses=EndpointSerializer)
     def get(self, request, name):
         return endpoint_response(name, request)
 
 
 class EndpointDeployView(APIView):
-    @extend_schema(request=s.DeploySerializer, responses=s.EndpointSerializer,
+    @extend_schema(request=DeploySerializer, responses=EndpointSerializer,
                    parameters=[OpenApiParameter("wait", float, description=(
                        "seconds to wait until every live replica applied the change"))])
     def post(self, request, name):
         """Make a ready version the stable one (version null: stop serving)."""
-        data = valid(s.DeploySerializer, request.data)
+        data = valid(DeploySerializer, request.data)
         ep = services.endpoint_deploy(model_name=name, version_number=data["version"],
                                       actor=actor(request), reason=data["reason"])
         return endpoint_response(name, request, ep.revision)
 
 
 class ApiKeyListView(APIView):
-    @extend_schema(responses=s.ApiKeySerializer(many=True))
+    @extend_schema(responses=ApiKeySerializer(many=True))
     def get(self, request, name):
         ep = selectors.endpoint_get(selectors.model_get(name))
         keys = ep.api_keys.all() if ep else []
-        return Response(s.ApiKeySerializer(keys, many=True).data)
+        return Response(ApiKeySerializer(keys, many=True).data)
 
-    @extend_schema(request=s.NameSerializer, responses={201: dict})
+    @extend_schema(request=NameSerializer, responses={201: dict})
     def post(self, request, name):
-        data = valid(s.NameSerializer, request.data)
+        data = valid(NameSerializer, request.data)
         key, raw = services.api_key_create(model_name=name, name=data["name"],
                                            actor=actor(request))
-        return Response({**s.ApiKeySerializer(key).data, "key": raw},
+        return Response({**ApiKeySerializer(key).data, "key": raw},
                         status=status.HTTP_201_CREATED)
 
 
@@ -290,7 +289,7 @@ class ApiKeyDetailView(APIView):
 
 class AuditListView(generics.ListAPIView):
     read_role = "admin"
-    serializer_class = s.AuditEventSerializer
+    serializer_class = AuditEventSerializer
     filterset_class = AuditFilterSet
 
     def get_queryset(self):
@@ -299,19 +298,19 @@ class AuditListView(generics.ListAPIView):
 
 class TokenListView(generics.ListAPIView):
     read_role = write_role = "admin"
-    serializer_class = s.TokenSerializer
+    serializer_class = TokenSerializer
 
     def get_queryset(self):
         return ApiToken.objects.select_related("user")
 
-    @extend_schema(request=s.TokenCreateSerializer, responses={201: dict})
+    @extend_schema(request=TokenCreateSerializer, responses={201: dict})
     def post(self, request):
         """Create a named token for a user; the token is shown once."""
-        data = valid(s.TokenCreateSerializer, request.data)
+        data = valid(TokenCreateSerializer, request.data)
         token, raw = services.token_create(username=data["user"], name=data["name"],
                                            expires_in_days=data["expires_in_days"],
                                            actor=actor(request))
-        return Response({**s.TokenSerializer(token).data, "token": raw},
+        return Response({**TokenSerializer(token).data, "token": raw},
                         status=status.HTTP_201_CREATED)
 
 

@@ -13,9 +13,11 @@ import time
 
 import orjson
 from django.conf import settings
+from django.urls import reverse
 
 from registry.integrations.outbound import backoff, post_signed
-from registry.models import Job
+from registry.jobs.progress import status_url
+from registry.models import Job, JobStatus
 
 log = logging.getLogger(__name__)
 ATTEMPTS = 4
@@ -28,8 +30,9 @@ def notice(job: Job) -> bytes:
         "id": str(job.pk), "kind": job.kind, "status": job.status,
         "model": job.version.model.name, "version": job.version.number,
         "failure_reason": job.failure_reason or None, "rows": job.rows_done,
-        "status_path": f"/api/v1/jobs/{job.pk}/",
-        "result_path": f"/api/v1/jobs/{job.pk}/result/" if job.status == "succeeded" else None,
+        "status_path": status_url(job),
+        "result_path": (reverse("api:job-result", args=[job.pk])
+                        if job.status == JobStatus.SUCCEEDED else None),
         "result_bytes": job.result_bytes,
         "expires_at": job.expires_at.isoformat() if job.expires_at else None,
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,

@@ -11,9 +11,9 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from registry.errors import InvalidRequest, LifecycleError, NotFound
+from registry.errors import InvalidRequest, LifecycleError
 from registry.models import ModelVersion, VersionStatus
-from registry.selectors import endpoint_get, model_get
+from registry.selectors import endpoint_get, model_get, ready_versions
 from registry.store.artifacts import CHUNK, ArtifactStore, default_store
 from serving.dataplane import triton_model_config
 from serving.signature import batch_dimension
@@ -68,15 +68,7 @@ def _chosen(model, versions: str | list[int]) -> list[ModelVersion]:
         if ep is None or ep.stable is None:
             raise LifecycleError(f"model {model.name!r} has no stable version on its endpoint")
         return [ep.stable]
-    found = {v.number: v for v in model.versions.filter(number__in=versions)}
-    missing = [n for n in versions if n not in found]
-    if missing:
-        raise NotFound(f"model {model.name!r} has no version {missing[0]}", field="versions")
-    not_ready = [found[n] for n in versions if found[n].status != VersionStatus.READY]
-    if not_ready:
-        raise LifecycleError(f"version {not_ready[0].number} of {model.name!r} is "
-                             f"{not_ready[0].status}, not ready; only ready versions export")
-    return [found[n] for n in versions]
+    return ready_versions(model, versions, field="versions")
 
 
 def triton_export(*, model_name: str, versions: str | list[int] = "all",

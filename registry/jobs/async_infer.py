@@ -4,8 +4,8 @@ stored as a file with the headers it needs.
 
 Why a control-plane endpoint and not `/v2/models/{m}/infer?async=true` on the data plane: taking a
 job means writing a row and an up-to-1-GiB body durably, and the data plane's request path has no
-database and no Django by design (DESIGN.md); a replica that took the body would also lose it on a
-restart. So the request goes to the console's API, which stores it and answers 202.
+database and no Django, by design; a replica that took the body would also lose it on a restart.
+So the request goes to the console's API, which stores it and answers 202.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.urls import reverse
 from django.utils import timezone
 
 from registry.models import Job, JobStatus
@@ -22,8 +23,13 @@ def progress(job: Job) -> dict:
                                      .total_seconds(), 2) if job.started_at else None}
 
 
+def status_url(job: Job) -> str:
+    """Where a client polls the job."""
+    return reverse("api:job-detail", args=[job.pk])
+
+
 def result_url(job: Job) -> str | None:
     """Where the result downloads from, while there is one to download."""
     if job.status != JobStatus.SUCCEEDED or job.expired:
         return None
-    return f"/api/v1/jobs/{job.pk}/result/"
+    return reverse("api:job-result", args=[job.pk])

@@ -12,8 +12,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from registry.audit import Actor, record
-from registry.errors import LifecycleError, NotFound
-from registry.models import Endpoint, ModelVersion, RegisteredModel, VersionStatus
+from registry.errors import LifecycleError
+from registry.models import Endpoint, ModelVersion, RegisteredModel
 from registry.notify import bump_revision
 from registry.routing import (
     ANALYSING,
@@ -24,6 +24,7 @@ from registry.routing import (
     STATES,
     UNLOADING,
 )
+from registry.selectors import ready_version  # rollouts.py imports it from here too
 from registry.services.catalog import lock_model
 
 # Which states allow which operation. Shadow is orthogonal to the traffic split.
@@ -91,17 +92,6 @@ def endpoint_snapshot(ep: Endpoint) -> dict:
         "green": num(ep.green_id), "live_color": ep.live_color or None,
         "shadow": num(ep.shadow_id), "revision": ep.revision,
     }
-
-
-def ready_version(model: RegisteredModel, number: int) -> ModelVersion:
-    try:
-        version = model.versions.get(number=number)
-    except ModelVersion.DoesNotExist:
-        raise NotFound(f"model {model.name!r} has no version {number}", field="version") from None
-    if version.status != VersionStatus.READY:
-        raise LifecycleError(f"version {number} of {model.name!r} is {version.status}, not ready"
-                             + (f": {version.failure_reason}" if version.failure_reason else ""))
-    return version
 
 
 def keep_warm(ep: Endpoint, version_id: int | None) -> None:

@@ -12,7 +12,16 @@ from django.utils import timezone
 from registry.audit import Actor, record
 from registry.errors import Gone, InvalidRequest, LifecycleError, NotFound
 from registry.jobs.housekeeping import enqueue_job
-from registry.models import Dataset, Endpoint, Job, JobKind, JobStatus, ModelVersion, VersionStatus
+from registry.models import (
+    Dataset,
+    Endpoint,
+    Job,
+    JobKind,
+    JobStatus,
+    ModelVersion,
+    RegisteredModel,
+)
+from registry.selectors import ready_version
 from registry.store.files import FileWriter, dataset_path, detect_format, inspect_dataset, job_dir
 
 OUTPUT_FORMATS = ("npy", "npz", "jsonl")
@@ -22,7 +31,7 @@ MAX_CHUNK_ROWS = 1_000_000
 def resolve_version(model_name: str, number: int | None) -> ModelVersion:
     """The version asked for, else the endpoint's stable one; it must be ready."""
     if number is None:
-        ep = Endpoint.objects.select_related("stable__model").filter(
+        ep = Endpoint.objects.select_related("model", "stable").filter(
             model__name=model_name).first()
         if ep is None or ep.stable is None:
             if not ModelVersion.objects.filter(model__name=model_name).exists():
@@ -30,16 +39,12 @@ def resolve_version(model_name: str, number: int | None) -> ModelVersion:
                                field="model")
             raise LifecycleError(f"model {model_name!r} has no stable version; pass ?version=N",
                                  field="version")
-        version = ep.stable
+        model, number = ep.model, ep.stable.number
     else:
-        version = (ModelVersion.objects.select_related("model")
-                   .filter(model__name=model_name, number=number).first())
-        if version is None:
+        model = RegisteredModel.objects.filter(name=model_name).first()
+        if model is None:
             raise NotFound(f"model {model_name!r} has no version {number}", field="version")
-    if version.status != VersionStatus.READY:
-        raise LifecycleError(f"version {version.number} is {version.status}, not ready",
-                             field="version")
-    return version
+    return ready_version(model, number)
 
 
 def _callback(url: str, secret: str) -> tuple[str, str]:

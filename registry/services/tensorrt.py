@@ -14,8 +14,8 @@ from registry.background import enqueue
 from registry.errors import InvalidRequest, LifecycleError
 from registry.integrations.tensorrt import BUILDING, PRECISIONS, QUEUED, save_status
 from registry.models import ModelVersion
+from registry.selectors import ready_version
 from registry.services.catalog import lock_model
-from registry.services.deployments import ready_version
 
 
 def tensorrt_build(*, model_name: str, number: int, precision: str,

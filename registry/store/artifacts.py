@@ -1,23 +1,20 @@
 """Content-addressed artifact store: blobs live at sha256/<2 hex>/<64 hex> under ARTIFACT_ROOT.
 
-Writes stream to a temporary file in the store's own folder while hashing, are fsynced and renamed
-atomically, so a reader never sees a partial blob and a crash leaves only a temp file behind.
+Writes stream to a temporary file in the store's own folder while hashing (store/writer.py), are
+fsynced and renamed atomically, so a reader never sees a partial blob and a crash leaves only a
+temp file behind.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
 
-from registry.errors import PayloadTooLarge
-
-CHUNK = 1024 * 1024
+from registry.store.writer import CHUNK, HashingWriter
+from serving.hashing import file_sha256
 
 
 @dataclass(frozen=True)
@@ -27,49 +24,22 @@ class StoredBlob:
     path: Path
 
 
-class BlobWriter:
-    """One upload in progress. `write` chunks, then `finish` (or `abort`)."""
+class BlobWriter(HashingWriter):
+    """One upload in progress into the store. `write` chunks, then `finish` (or `abort`)."""
 
     def __init__(self, store: ArtifactStore):
+        super().__init__(tmp_dir=store.tmp_dir, limit=store.max_bytes, what="artifact",
+                         field="file", prefix="upload-")
         self.store = store
-        fd, name = tempfile.mkstemp(prefix="upload-", dir=store.tmp_dir)
-        self._file = os.fdopen(fd, "wb", buffering=0)
-        self._tmp = Path(name)
-        self._hash = hashlib.sha256()
-        self.size = 0
-
-    def write(self, chunk: bytes) -> None:
-        self.size += len(chunk)
-        if self.size > self.store.max_bytes:
-            self.abort()
-            raise PayloadTooLarge(
-                f"artifact is larger than the limit of {self.store.max_bytes} bytes", field="file"
-            )
-        self._hash.update(chunk)
-        self._file.write(chunk)
 
     def finish(self) -> StoredBlob:
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        sha = self._hash.hexdigest()
+        sha = self.sha256
         final = self.store.path_for(sha)
         if final.exists():
-            self._tmp.unlink()  # same bytes already stored: share the blob
+            self.abort()  # same bytes already stored: share the blob
         else:
-            final.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(self._tmp, final)
-            dir_fd = os.open(final.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            self.move_to(final)
         return StoredBlob(sha256=sha, size=self.size, path=final)
-
-    def abort(self) -> None:
-        if not self._file.closed:
-            self._file.close()
-        self._tmp.unlink(missing_ok=True)
 
 
 class ArtifactStore:
@@ -102,11 +72,7 @@ class ArtifactStore:
 
     def verify(self, sha256: str) -> bool:
         """Re-hash a stored blob: serving checks this before loading it."""
-        h = hashlib.sha256()
-        with open(self.path_for(sha256), "rb") as f:
-            while chunk := f.read(CHUNK):
-                h.update(chunk)
-        return h.hexdigest() == sha256
+        return file_sha256(self.path_for(sha256)) == sha256
 
     def blobs(self) -> Iterable[str]:
         base = self.root / "sha256"

@@ -1,15 +1,15 @@
 """Files of jobs under ARTIFACT_ROOT/jobs/: async request bodies, uploaded datasets, chunk parts
 and results, plus streaming readers for datasets (.npy, .npz, JSON Lines).
 
-Everything is written to a temporary file in the destination's folder and renamed into place, so a
-reader (or a worker resuming after kill -9) sees a whole file or none. Datasets are never loaded
+Everything is written to a temporary file on the same filesystem (jobs/tmp/ for uploads, the
+destination's folder otherwise) and renamed into place, so a reader (or a worker resuming after
+kill -9) sees a whole file or none. Datasets are never loaded
 whole: .npy files and .npz members are read a chunk of rows at a time, JSON Lines a line at a
 time.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 import zipfile
@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 from django.conf import settings
 
-from registry.errors import InvalidRequest, PayloadTooLarge
+from registry.errors import InvalidRequest
+from registry.store.writer import HashingWriter
 
-CHUNK = 1024 * 1024
 FORMAT_BY_SUFFIX = {".npy": "npy", ".npz": "npz", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
 
@@ -37,59 +37,12 @@ def dataset_path(dataset) -> Path:
     return jobs_root() / "datasets" / f"{dataset.id}.{dataset.format}"
 
 
-class FileWriter:
-    """Stream bytes into a temporary file next to where they will live; hash and bound them."""
+class FileWriter(HashingWriter):
+    """A job's incoming file (request body, dataset), staged under jobs/tmp/ while it streams in;
+    `move_to` puts it where it will live."""
 
     def __init__(self, *, limit: int, what: str):
-        tmp = jobs_root() / "tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix="in-", dir=tmp)
-        self._file = os.fdopen(fd, "wb")
-        self.path = Path(name)
-        self.limit, self.what = limit, what
-        self.size = 0
-        self._hash = hashlib.sha256()
-
-    def write(self, chunk: bytes) -> None:
-        self.size += len(chunk)
-        if self.size > self.limit:
-            self.abort()
-            raise PayloadTooLarge(f"{self.what} is larger than the limit of {self.limit} bytes")
-        self._hash.update(chunk)
-        self._file.write(chunk)
-
-    def read_from(self, read) -> FileWriter:
-        """Copy a file-like `read(n)` to the end, cleaning up on any error."""
-        try:
-            while chunk := read(CHUNK):
-                self.write(chunk)
-        except PayloadTooLarge:
-            raise
-        except BaseException:
-            self.abort()
-            raise
-        return self
-
-    @property
-    def sha256(self) -> str:
-        return self._hash.hexdigest()
-
-    def close(self) -> None:
-        if not self._file.closed:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
-
-    def move_to(self, dest: Path) -> Path:
-        self.close()
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(self.path, dest)
-        return dest
-
-    def abort(self) -> None:
-        if not self._file.closed:
-            self._file.close()
-        self.path.unlink(missing_ok=True)
+        super().__init__(tmp_dir=jobs_root() / "tmp", limit=limit, what=what)
 
 
 def atomic_write(dest: Path, write, *, durable: bool = True) -> None:

@@ -1,0 +1,85 @@
+"""The one way bytes come in: streamed to a temporary file while they are hashed (sha256) and
+counted against a limit, then fsynced and renamed into place.
+
+A reader never sees a partial file, and a crash (or a refused upload) leaves at most a temporary
+file behind. Artifacts (store/artifacts.py) and job files (store/files.py) both write this way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Self
+
+from registry.errors import PayloadTooLarge
+
+#: Read and write this much at a time: a multi-gigabyte upload never sits in memory whole.
+CHUNK = 1024 * 1024
+
+
+class HashingWriter:
+    """One incoming file: `write` chunks (or `read_from` a stream), then `move_to` or `abort`.
+
+    Past `limit` bytes `write` removes the temporary file and raises PayloadTooLarge, so callers
+    need not clean up after a refusal.
+    """
+
+    def __init__(self, *, tmp_dir: Path, limit: int, what: str, field: str | None = None,
+                 prefix: str = "in-"):
+        tmp_dir.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=prefix, dir=tmp_dir)
+        self._file = os.fdopen(fd, "wb")
+        self._hash = hashlib.sha256()
+        self.path = Path(name)
+        self.limit, self.what, self.field = limit, what, field
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self.limit:
+            self.abort()
+            raise PayloadTooLarge(f"{self.what} is larger than the limit of {self.limit} bytes",
+                                  field=self.field)
+        self._hash.update(chunk)
+        self._file.write(chunk)
+
+    def read_from(self, read: Callable[[int], bytes]) -> Self:
+        """Copy a file-like `read(n)` to its end, removing the temporary file on any error."""
+        try:
+            while chunk := read(CHUNK):
+                self.write(chunk)
+        except BaseException:
+            self.abort()
+            raise
+        return self
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+    def close(self) -> None:
+        """Flush and fsync: the bytes are on disk before anything names them."""
+        if not self._file.closed:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+
+    def move_to(self, dest: Path) -> Path:
+        """Rename the finished file to `dest` atomically and make the rename durable."""
+        self.close()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self.path, dest)
+        dir_fd = os.open(dest.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return dest
+
+    def abort(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        self.path.unlink(missing_ok=True)
