@@ -146,7 +146,7 @@ class VersionStats:
         }
 
     def to_triton(self) -> dict:
-        """One entry of `model_stats` in the statistics extension's answer (PROTOCOL.md §4)."""
+        """One entry of `model_stats` in the answer of `GET /v2/models/{m}/stats` (Triton)."""
 
         def d(count: int, ns: int) -> dict:
             return {"count": count, "ns": ns}
