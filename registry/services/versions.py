@@ -10,6 +10,7 @@ from registry.models import ModelVersion, VersionStatus
 from registry.notify import bump_revision
 from registry.services.catalog import lock_model
 from registry.store.artifacts import StoredBlob
+from serving.signature import batch_dimension
 
 CONFIG_FIELDS = {
     "max_batch_size": (int, 0, 1 << 16),
@@ -79,7 +80,7 @@ def version_configure(*, model_name: str, number: int, actor: Actor, **changes) 
                 raise InvalidRequest("graph_optimization_level must be disable, basic, extended "
                                      "or all", field=key)
             setattr(version, key, value)
-        if version.max_batch_size and version.signature and not _has_batch_dim(version.signature):
+        if version.max_batch_size and version.signature and not batch_dimension(version.signature):
             raise InvalidRequest("max_batch_size > 0 needs a dynamic first dimension on every "
                                  "input", field="max_batch_size")
         version.save()
@@ -88,8 +89,3 @@ def version_configure(*, model_name: str, number: int, actor: Actor, **changes) 
                after={k: getattr(version, k) for k in changes})
         bump_revision()
     return version
-
-
-def _has_batch_dim(signature: dict) -> bool:
-    inputs = signature.get("inputs") or []
-    return bool(inputs) and all(i.get("shape") and i["shape"][0] == -1 for i in inputs)
