@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from registry.audit import Actor, record
 from registry.errors import Gone, InvalidRequest, LifecycleError, NotFound
+from registry.jobs.batch import match_columns
 from registry.jobs.housekeeping import enqueue_job
 from registry.models import (
     Dataset,
@@ -23,6 +24,7 @@ from registry.models import (
 )
 from registry.selectors import ready_version
 from registry.store.files import FileWriter, dataset_path, detect_format, inspect_dataset, job_dir
+from serving.signature import batch_dimension
 
 OUTPUT_FORMATS = ("npy", "npz", "jsonl")
 MAX_CHUNK_ROWS = 1_000_000
@@ -120,9 +122,6 @@ def batch_create(*, model_name: str, dataset_id, actor: Actor, version_number: i
                  output_format: str | None = None, max_rows_per_second: float = 0,
                  callback_url: str = "", callback_secret: str = "") -> Job:
     """Queue a batch transform of a dataset by one version."""
-    from registry.jobs.batch import match_columns
-    from serving.signature import batch_dimension
-
     version = resolve_version(model_name, version_number)
     dataset = Dataset.objects.filter(pk=dataset_id).first()
     if dataset is None:
