@@ -36,6 +36,7 @@ from registry.convergence import wait_for_revision
 from registry.errors import InvalidRequest, LifecycleError, PayloadTooLarge
 from registry.filtersets import AuditFilterSet, ModelFilterSet
 from registry.models import ApiToken
+from registry.notify import current_revision
 from registry.roles import role_of
 from registry.store.artifacts import default_store
 
@@ -325,8 +326,6 @@ class TokenDetailView(APIView):
 class ReplicaListView(APIView):
     @extend_schema(responses={200: dict})
     def get(self, request):
-        from registry.notify import current_revision
-
         revision = current_revision()
         rows = [{"replica": r.replica, "revision": r.revision, "converged": r.revision >= revision,
                  "versions": r.versions, "degraded": r.degraded, "address": r.address,
