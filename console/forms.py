@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from django import forms
+
+from registry.choices import RollbackOrder
+from registry.routing import AnalysisPlan
+
+PLAN = AnalysisPlan()  # the automated canary's defaults, offered as the plan fields' initial values
 
 
 class ModelCreateForm(forms.Form):
@@ -39,7 +46,17 @@ class ReasonForm(forms.Form):
 
 
 class VersionReasonForm(ReasonForm):
-    version = forms.IntegerField(min_value=1, label="Version")
+    """An action on one version; `versions` (the numbers the page offers) makes it a picker."""
+
+    version = forms.IntegerField(min_value=1)
+    version_label = "Version"  # a subclass names the version it asks for
+
+    def __init__(self, *args, versions: Iterable[int] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["version"]
+        field.label = self.version_label
+        if versions is not None:
+            field.widget = forms.Select(choices=[(n, f"v{n}") for n in versions])
 
     def service_kwargs(self) -> dict:
         data = dict(self.cleaned_data)
@@ -47,30 +64,73 @@ class VersionReasonForm(ReasonForm):
         return data
 
 
+class WeightSlider(forms.NumberInput):
+    """A 0-100 % range input that says its value to screen readers and names the <output>
+    beside it (console/partials/field.html draws that; static/js/deployment.js keeps it live)."""
+
+    input_type = "range"
+
+    def __init__(self, attrs: dict | None = None) -> None:
+        super().__init__({"step": "1", **(attrs or {})})
+
+    def use_required_attribute(self, initial) -> bool:
+        return False  # a slider always has a value
+
+    def get_context(self, name, value, attrs) -> dict:
+        context = super().get_context(name, value, attrs)
+        widget = context["widget"]
+        widget["attrs"]["aria-valuetext"] = f"{widget['value']} percent"
+        widget["attrs"]["data-output"] = f"{widget['attrs'].get('id', name)}-value"
+        return context
+
+
+def weight_field(**kwargs) -> forms.IntegerField:
+    return forms.IntegerField(min_value=0, max_value=100, label="Candidate weight (%)",
+                              widget=WeightSlider, **kwargs)
+
+
 class WeightForm(ReasonForm):
-    weight = forms.IntegerField(min_value=0, max_value=100, label="Candidate weight (%)")
+    weight = weight_field()
 
 
 class RollbackForm(VersionReasonForm):
-    order = forms.ChoiceField(choices=[("load-first", "load first (no gap)"),
-                                       ("unload-first", "unload first (frees memory; brief gap)")],
-                              initial="load-first", required=False)
+    version_label = "To version"
+    order = forms.ChoiceField(choices=RollbackOrder.choices, initial=RollbackOrder.LOAD_FIRST,
+                              required=False, label="Order")
 
     def service_kwargs(self) -> dict:
         data = super().service_kwargs()
-        data["order"] = data["order"] or "load-first"
+        data["order"] = data["order"] or RollbackOrder.LOAD_FIRST.value
         return data
+
+
+class BlueGreenDeployForm(VersionReasonForm):
+    version_label = "Version for the idle colour"
+
+
+class ShadowStartForm(VersionReasonForm):
+    version_label = "Shadow version"
+
+
+def _plain(number: float) -> float | int:
+    """60.0 -> 60: a whole number shows (and posts back) without a decimal point."""
+    return int(number) if float(number).is_integer() else number
 
 
 class CanaryForm(VersionReasonForm):
     """Start a canary by hand (a weight) or with the automated analysis (a plan)."""
 
-    weight = forms.IntegerField(min_value=0, max_value=100, initial=10,
-                                label="Candidate weight (%)")
-    automated = forms.BooleanField(required=False,
-                                   label="Let the automated analysis drive the weights")
-    steps = forms.CharField(required=False, initial="5, 25, 50, 100", label="Steps (%)")
-    bake_seconds = forms.FloatField(required=False, min_value=0, initial=60,
+    version_label = "Candidate version"
+    weight = weight_field(initial=10)
+    automated = forms.BooleanField(
+        required=False, label="Let the automated analysis drive the weights",
+        # what the confirmation adds when ticked (static/js/app.js, data-confirm-template)
+        widget=forms.CheckboxInput(attrs={"data-note": " (the analysis will drive the weights)"}))
+    steps = forms.CharField(required=False, initial=", ".join(map(str, PLAN.steps)),
+                            label="Steps (%)")
+    bake_seconds = forms.FloatField(required=False, min_value=0,
+                                    initial=_plain(PLAN.bake_seconds),
+                                    widget=forms.NumberInput(attrs={"step": "1"}),
                                     label="Bake time per step (s)")
 
     def clean_steps(self) -> list[int] | None:
@@ -81,7 +141,7 @@ class CanaryForm(VersionReasonForm):
             return [int(s) for s in raw.split(",") if s]
         except ValueError:
             raise forms.ValidationError(
-                "steps are whole percentages, e.g. 5, 25, 50, 100") from None
+                f"steps are whole percentages, e.g. {self.fields['steps'].initial}") from None
 
     def service_kwargs(self) -> dict:
         data = super().service_kwargs()

@@ -12,6 +12,7 @@ from django.db import models
 from django.db.models import Q
 from knox.models import AbstractAuthToken
 
+from registry.choices import GraphOptimizationLevel, VersionStatus  # both re-exported here
 from registry.routing import RolloutState, Routing
 
 SLUG = RegexValidator(
@@ -37,13 +38,6 @@ class RegisteredModel(models.Model):
 
     def __str__(self) -> str:
         return self.name
-
-
-class VersionStatus(models.TextChoices):
-    UPLOADED = "uploaded"
-    VALIDATING = "validating"
-    READY = "ready"
-    FAILED = "failed"
 
 
 class ModelVersion(models.Model):
@@ -75,9 +69,7 @@ class ModelVersion(models.Model):
     )
     intra_op_threads = models.PositiveSmallIntegerField(default=0)
     graph_optimization_level = models.CharField(
-        max_length=8, default="all",
-        choices=[("disable", "disable"), ("basic", "basic"), ("extended", "extended"),
-                 ("all", "all")],
+        max_length=8, default=GraphOptimizationLevel.ALL, choices=GraphOptimizationLevel.choices,
     )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,

@@ -1,25 +1,20 @@
-"""Template helpers: the health bar, the user's role, status badges and small formatters."""
+"""Template helpers: the health bar, the user's role, status badges, form fields and small
+formatters."""
 
 from __future__ import annotations
 
 import json
 
 from django import template
+from django.forms import BoundField
 from django.utils.html import format_html
 
+from registry.choices import VersionStatus
 from registry.roles import has_role, role_of
 
 from .. import health
 
 register = template.Library()
-
-STATUS_HELP = {
-    "uploaded": "queued for validation",
-    "validating": "being checked and loaded",
-    "ready": "validated; can serve",
-    "failed": "validation failed",
-}
-
 
 @register.inclusion_tag("console/partials/health_bar.html")
 def health_bar() -> dict:
@@ -41,7 +36,17 @@ def can(user, needed: str) -> bool:
 def status_badge(status: str):
     """Status as a word (never colour alone), with a tooltip saying what it means."""
     return format_html('<span class="badge badge-{0}" title="{1}">{0}</span>', status,
-                       STATUS_HELP.get(status, status))
+                       VersionStatus.help_for(status))
+
+
+@register.inclusion_tag("console/partials/field.html")
+def render_field(field: BoundField, note: str = "", **attrs) -> dict:
+    """One form field as the console lays it out: its label, its widget (a checkbox before its
+    label, a weight slider with its live number), help and errors. The form owns the value,
+    choices and label; `attrs` (size, id) go on the widget, `note` is a muted aside in the label.
+    """
+    return {"field": field, "id": attrs.get("id") or field.auto_id, "note": note,
+            "widget": field.as_widget(attrs=attrs), "kind": field.widget_type}
 
 
 @register.filter

@@ -7,13 +7,13 @@ import json
 
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
-from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from registry import selectors
 from registry.filtersets import AuditFilterSet
 
+from . import render_page_or_partial
 from .access import requires
 
 PAGE_SIZE = 50
@@ -29,10 +29,9 @@ def audit_list(request: HttpRequest) -> HttpResponse:
     query = request.GET.copy()
     query.pop("page", None)
     context = {"filter": filterset, "page": page, "query": query.urlencode()}
-    if request.htmx:
-        return render(request, "console/partials/audit_table.html", context)
-    return render(request, "console/audit_list.html", context,
-                  status=200 if filterset.is_valid() else 400)
+    return render_page_or_partial(request, "console/audit_list.html",
+                                  "console/partials/audit_table.html", context,
+                                  status=200 if filterset.is_valid() else 400, partial_status=200)
 
 
 class _Echo:

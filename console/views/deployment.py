@@ -25,10 +25,11 @@ from registry.services.deployments import ALLOWED, EMPTY, endpoint_state
 
 from .. import charts
 from ..forms import (
+    BlueGreenDeployForm,
     CanaryForm,
     ReasonForm,
     RollbackForm,
-    VersionReasonForm,
+    ShadowStartForm,
     WeightForm,
     error_text,
 )
@@ -64,7 +65,7 @@ ACTIONS: dict[str, Action] = {a.op: a for a in (
            "Automated analysis resumed at its current step."),
     Action("rollback", RollbackForm, services.rollback,
            "Rolled back: version {version} is the stable version now."),
-    Action("bg-deploy", VersionReasonForm, services.bluegreen_deploy,
+    Action("bg-deploy", BlueGreenDeployForm, services.bluegreen_deploy,
            "Version {version} deployed to the idle colour; replicas are loading it."),
     Action("switch", ReasonForm, services.bluegreen_switch,
            "Switched: the other colour takes all traffic."),
@@ -72,7 +73,7 @@ ACTIONS: dict[str, Action] = {a.op: a for a in (
            "Switched back to the previous colour."),
     Action("bg-finish", ReasonForm, services.bluegreen_finish,
            "Blue-green finished: the live version is the plain stable."),
-    Action("shadow-start", VersionReasonForm, services.shadow_start,
+    Action("shadow-start", ShadowStartForm, services.shadow_start,
            "Version {version} now receives a shadow copy of live traffic."),
     Action("shadow-stop", ReasonForm, services.shadow_stop, "Shadow stopped."),
 )}
@@ -209,17 +210,30 @@ def _choices(model, ep) -> dict:
     }
 
 
+def control_forms(choices: dict, ep) -> dict:
+    """The unbound forms the controls render (each field's id starts with its form's name)."""
+    return {
+        "canary_form": CanaryForm(auto_id="canary-%s", versions=choices["canary_choices"]),
+        "weight_form": WeightForm(auto_id="weight-%s", initial={
+            "weight": ep.candidate_weight if ep and ep.candidate else None}),
+        "rollback_form": RollbackForm(auto_id="rollback-%s",
+                                      versions=choices["rollback_choices"]),
+        "bg_form": BlueGreenDeployForm(auto_id="bg-%s", versions=choices["bg_choices"]),
+        "shadow_form": ShadowStartForm(auto_id="shadow-%s", versions=choices["shadow_choices"]),
+    }
+
+
 def controls_context(request: HttpRequest, model, ep) -> dict:
     """What the rollout controls need: the buttons the state allows this user, the pickers."""
     state = endpoint_state(ep) if ep else EMPTY
+    choices = _choices(model, ep)
     return {
-        **_choices(model, ep),
+        **choices,
+        **control_forms(choices, ep),
         "can_write": has_role(request.user, "engineer") and not model.archived,
         "allowed": {op for op, states in ALLOWED.items() if state in states},
         "page_revision": str(ep.revision if ep else 0),
         "bg_switched": bool(ep and ep.rollout.blue_green and ep.rollout.blue_green.switched_at),
-        "weight": ep.candidate_weight if ep and ep.candidate else 10,
-        "canary_form": CanaryForm(),
     }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
 from registry import selectors
@@ -15,6 +15,7 @@ from registry.models import JobKind, JobStatus
 from registry.services import jobs as job_services
 
 from ..forms import ReasonForm, error_text
+from . import render_page_or_partial
 from .access import requires, run_service
 from .models import found
 
@@ -41,9 +42,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
     context = {"page": page, "rows": rows, "filters": filters, "query": query.urlencode(),
                "kinds": JobKind.values, "statuses": JobStatus.values,
                "polling": any(r["active"] for r in rows), "nav": "jobs"}
-    if request.htmx:
-        return render(request, "console/partials/job_table.html", context)
-    return render(request, "console/job_list.html", context)
+    return render_page_or_partial(request, "console/job_list.html",
+                                  "console/partials/job_table.html", context)
 
 
 @require_GET
@@ -51,9 +51,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
 def job_detail(request: HttpRequest, job_id) -> HttpResponse:
     job = found(selectors.job_get, job_id)
     context = {**_row(job), "nav": "jobs", "form": ReasonForm()}
-    if request.htmx:
-        return render(request, "console/partials/job_progress.html", context)
-    return render(request, "console/job_detail.html", context)
+    return render_page_or_partial(request, "console/job_detail.html",
+                                  "console/partials/job_progress.html", context)
 
 
 @require_POST

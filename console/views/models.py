@@ -17,6 +17,7 @@ from registry.models import VersionStatus
 from registry.roles import has_role
 
 from ..forms import AliasSetForm, DeployForm, DiffForm, ModelCreateForm, error_text
+from . import render_page_or_partial
 from .access import requires, run_service
 
 PAGE_SIZES = (25, 50, 100)
@@ -49,9 +50,8 @@ def model_list(request: HttpRequest) -> HttpResponse:
     query.pop("page", None)
     context = {"filter": filterset, "page": page, "query": query.urlencode(),
                "per_page": size, "page_sizes": PAGE_SIZES}
-    if request.htmx:
-        return render(request, "console/partials/model_table.html", context)
-    return render(request, "console/model_list.html", context)
+    return render_page_or_partial(request, "console/model_list.html",
+                                  "console/partials/model_table.html", context)
 
 
 @requires("engineer", write="engineer")
@@ -148,8 +148,8 @@ def model_diff(request: HttpRequest, name: str) -> HttpResponse:
                          {k: v for k, v in sb.items() if k not in ("inputs", "outputs")}),
             metadata=_pairs(va.metadata or {}, vb.metadata or {}),
         )
-    template = "console/partials/diff.html" if request.htmx else "console/model_diff.html"
-    return render(request, template, context, status=200 if form.is_valid() else 400)
+    return render_page_or_partial(request, "console/model_diff.html", "console/partials/diff.html",
+                                  context, status=200 if form.is_valid() else 400)
 
 
 @require_POST

@@ -12,8 +12,8 @@ from rest_framework.views import APIView
 
 from registry import selectors, services
 from registry.api.views import actor, endpoint_response, valid
+from registry.choices import RollbackOrder
 from registry.services.deployments import endpoint_state
-from registry.services.rollouts import ROLLBACK_ORDERS
 
 WAIT = OpenApiParameter("wait", float, description=(
     "seconds to wait until every live replica applied the change"))
@@ -40,7 +40,9 @@ class VersionReasonSerializer(ReasonSerializer):
 
 
 class RollbackSerializer(VersionReasonSerializer):
-    order = serializers.ChoiceField(choices=ROLLBACK_ORDERS, default="load-first")
+    order = serializers.ChoiceField(choices=RollbackOrder.values,
+                                    default=RollbackOrder.LOAD_FIRST.value,
+                                    help_text=RollbackOrder.help_lines())
 
 
 def rollout_response(name: str, request, ep):

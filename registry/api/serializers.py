@@ -1,6 +1,7 @@
 from django.urls import reverse
 from rest_framework import serializers
 
+from registry.choices import GraphOptimizationLevel
 from registry.models import (
     Alias,
     ApiToken,
@@ -93,7 +94,9 @@ class VersionConfigSerializer(serializers.Serializer):
     max_queue_size = serializers.IntegerField(required=False)
     instance_count = serializers.IntegerField(required=False)
     intra_op_threads = serializers.IntegerField(required=False)
-    graph_optimization_level = serializers.CharField(required=False)
+    # A CharField, not a ChoiceField: the service judges the value and words the error.
+    graph_optimization_level = serializers.CharField(
+        required=False, help_text=GraphOptimizationLevel.help_lines())
 
 
 class UploadSerializer(serializers.Serializer):
@@ -118,19 +121,24 @@ class DeploySerializer(serializers.Serializer):
     reason = serializers.CharField(required=False, allow_blank=True, default="")
 
 
+def _version_number(slot: str) -> serializers.IntegerField:
+    """The number of the version in an endpoint's slot (None when the slot is empty)."""
+    return serializers.IntegerField(source=f"{slot}.number", read_only=True, allow_null=True)
+
+
 class EndpointSerializer(serializers.Serializer):
     """An endpoint's routing (registry.routing.Routing) with version numbers."""
 
     model = serializers.CharField(source="model.name")
     state = serializers.SerializerMethodField()
-    live = serializers.SerializerMethodField()
-    stable = serializers.SerializerMethodField()
-    candidate = serializers.SerializerMethodField()
+    live = _version_number("live_version")
+    stable = _version_number("stable")
+    candidate = _version_number("candidate")
     candidate_weight = serializers.IntegerField()
-    blue = serializers.SerializerMethodField()
-    green = serializers.SerializerMethodField()
+    blue = _version_number("blue")
+    green = _version_number("green")
     live_color = serializers.CharField()
-    shadow = serializers.SerializerMethodField()
+    shadow = _version_number("shadow")
     revision = serializers.IntegerField()
     rollout = serializers.JSONField(source="rollout_state",
                                     help_text="automated analysis, blue-green, pending rollback")
@@ -140,24 +148,6 @@ class EndpointSerializer(serializers.Serializer):
 
     def get_state(self, obj) -> str:
         return obj.routing.state
-
-    def get_live(self, obj) -> int | None:
-        return _number(obj.live_version)
-
-    def get_stable(self, obj) -> int | None:
-        return _number(obj.stable)
-
-    def get_candidate(self, obj) -> int | None:
-        return _number(obj.candidate)
-
-    def get_blue(self, obj) -> int | None:
-        return _number(obj.blue)
-
-    def get_green(self, obj) -> int | None:
-        return _number(obj.green)
-
-    def get_shadow(self, obj) -> int | None:
-        return _number(obj.shadow)
 
 
 class ApiKeySerializer(serializers.ModelSerializer):

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from registry import selectors
 from registry.audit import Actor
+from registry.choices import RollbackOrder
 from registry.convergence import wait_for_revision
 from registry.errors import InvalidRequest, LifecycleError, RegistryError
 from registry.models import Endpoint, ModelVersion, RegisteredModel
@@ -23,7 +24,6 @@ from registry.routing import Analysis, AnalysisPlan, BlueGreen, PendingRollback
 from registry.services.deployments import keep_warm, ready_version, transition
 from registry.signatures import signature_differences
 
-ROLLBACK_ORDERS = ("load-first", "unload-first")
 UNLOAD_WAIT_SECONDS = 30.0
 
 
@@ -171,15 +171,16 @@ def analysis_advance(*, model_name: str, from_step: int, actor: Actor, reason: s
 
 
 def rollback(*, model_name: str, version_number: int, actor: Actor, reason: str = "",
-             order: str = "load-first") -> Endpoint:
+             order: str = RollbackOrder.LOAD_FIRST) -> Endpoint:
     """Point stable at an earlier ready version.
 
     load-first (default): one revision; replicas load and warm the target before they switch and
     unload the old stable only after, so nothing fails (it stays warm for the grace period).
     unload-first (memory-short machines): two revisions; the old stable is unloaded everywhere
     first, and until the target is loaded unpinned requests get 503 - a visible gap."""
-    if order not in ROLLBACK_ORDERS:
-        raise InvalidRequest(f"order must be one of {', '.join(ROLLBACK_ORDERS)}", field="order")
+    if order not in RollbackOrder.values:
+        raise InvalidRequest(f"order must be one of {', '.join(RollbackOrder.values)}",
+                             field="order")
 
     def target(ep: Endpoint, model: RegisteredModel) -> ModelVersion:
         version = ready_version(model, version_number)
@@ -189,7 +190,7 @@ def rollback(*, model_name: str, version_number: int, actor: Actor, reason: str 
                                  f"earlier than the stable {current} (use deploy)")
         return version
 
-    if order == "load-first":
+    if order == RollbackOrder.LOAD_FIRST:
         def change(ep: Endpoint, model: RegisteredModel) -> dict:
             version = target(ep, model)
             keep_warm(ep, ep.stable_id)
@@ -219,7 +220,7 @@ def rollback_complete(*, model_name: str, actor: Actor, reason: str = "") -> End
         pending = ep.rollout.pending_rollback
         ep.rollout = ep.rollout.with_(pending_rollback=None)
         ep.stable = ready_version(model, pending.version)
-        return {"order": "unload-first", "phase": "load"}
+        return {"order": RollbackOrder.UNLOAD_FIRST.value, "phase": "load"}
 
     return transition("rollback-load", model_name=model_name, actor=actor, change=load,
                       reason=reason, action="endpoint.rollback")
