@@ -5,6 +5,7 @@ from django.db.models import Max
 
 from registry.audit import Actor, record
 from registry.background import enqueue
+from registry.choices import GraphOptimizationLevel
 from registry.errors import InvalidRequest, NotFound
 from registry.models import ModelVersion, VersionStatus
 from registry.notify import bump_revision
@@ -76,9 +77,9 @@ def version_configure(*, model_name: str, number: int, actor: Actor, **changes) 
                     raise InvalidRequest("preferred_batch_sizes must be a list of positive "
                                          "integers", field=key)
                 value = sorted(set(value))
-            elif value not in ("disable", "basic", "extended", "all"):
-                raise InvalidRequest("graph_optimization_level must be disable, basic, extended "
-                                     "or all", field=key)
+            elif value not in GraphOptimizationLevel.values:
+                raise InvalidRequest("graph_optimization_level must be "
+                                     + ", ".join(GraphOptimizationLevel.values), field=key)
             setattr(version, key, value)
         if version.max_batch_size and version.signature and not batch_dimension(version.signature):
             raise InvalidRequest("max_batch_size > 0 needs a dynamic first dimension on every "
