@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 from registry import selectors, services
 from registry.api.views import actor, endpoint_response, valid
 from registry.choices import RollbackOrder
+from registry.metrics import latest_shadow
 from registry.services.deployments import endpoint_state
 
 WAIT = OpenApiParameter("wait", float, description=(
@@ -96,8 +97,6 @@ class ShadowView(APIView):
     @extend_schema(responses={200: dict})
     def get(self, request, name):
         """The shadow version and the newest comparison a replica reported for it."""
-        from registry.metrics import latest_shadow
-
         ep = selectors.endpoint_get(selectors.model_get(name))
         shadow = ep.shadow.number if ep and ep.shadow else None
         return Response({"model": name, "shadow": shadow, "comparison": latest_shadow(name)})
