@@ -15,6 +15,10 @@ What it does (see /work/shared/BENCH.md for the why):
   bench/wrk/) for --duration seconds per scenario, records req/s, p50, p99, non-2xx, stops it;
 - prints a markdown table with ratios and writes it to bench/results/serving-latest.md.
 
+`--before DIR` adds the server "before": the same mmc-serve from another checkout of this repo
+(e.g. `git worktree add /tmp/before <rev>`), run with .venv's Python and that checkout first on
+PYTHONPATH, so a refactor is measured against its parent in the same run, interleaved.
+
 "ours" is `.venv/bin/mmc-serve --model-repository DIR --host 127.0.0.1 --port PORT`; it is skipped
 with a message when the command is missing or never becomes ready. Exit status 1 when a peer
 fails its check or any load run sees non-2xx answers or socket errors.
@@ -49,7 +53,7 @@ PEER_PACKAGES = ["mlserver==1.7.1", "nvidia-pytriton==0.7.0", "onnxruntime", "nu
 OUR_PY = REPO / ".venv" / "bin" / "python"
 OUR_SERVE = REPO / ".venv" / "bin" / "mmc-serve"
 RESULTS = BENCH / "results" / "serving-latest.md"
-SERVERS = ["raw", "bare", "mlserver", "triton", "ours"]
+SERVERS = ["raw", "bare", "mlserver", "triton", "ours", "before"]
 
 
 @dataclass(frozen=True)
@@ -314,16 +318,22 @@ def setup_triton(work: Path, models: dict[str, Path], port: int, threads: int,
                   {"LD_LIBRARY_PATH": ":".join(p for p in ld if p)}, ready_timeout=120)
 
 
-def setup_ours(work: Path, models: dict[str, Path], port: int, threads: int) -> Launch:
-    d = work / "ours"
+def setup_ours(work: Path, models: dict[str, Path], port: int, threads: int,
+               checkout: Path | None = None) -> Launch:
+    """Our server on a model repository; from `checkout` (another tree of this repo) if given."""
+    d = work / ("before" if checkout else "ours")
     for m, p in models.items():
         (d / m / "1").mkdir(parents=True)
         shutil.copy(p, d / m / "1" / "model.onnx")
         (d / m / "config.json").write_text(
             json.dumps({"max_batch_size": MAX_BATCH[m], "max_queue_delay_us": 0}))
-    return Launch([str(OUR_SERVE), "--model-repository", str(d), "--host", "127.0.0.1",
-                   "--port", str(port)],
-                  {"MMC_ORT_INTRA_OP_THREADS": str(threads), "MMC_ORT_INTER_OP_THREADS": "1"})
+    env = {"MMC_ORT_INTRA_OP_THREADS": str(threads), "MMC_ORT_INTER_OP_THREADS": "1"}
+    cmd = [str(OUR_SERVE)]
+    if checkout:
+        cmd = [str(OUR_PY), "-c", "from serving.cli import main; main()"]
+        env["PYTHONPATH"] = str(checkout)
+    return Launch([*cmd, "--model-repository", str(d), "--host", "127.0.0.1", "--port", str(port)],
+                  env)
 
 
 class Running:
@@ -576,8 +586,10 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default=",".join(SERVERS),
-                   help=f"comma list of {','.join(SERVERS)} (default: all)")
+    p.add_argument("--only", default=",".join(s for s in SERVERS if s != "before"),
+                   help=f"comma list of {','.join(SERVERS)} (default: all but before)")
+    p.add_argument("--before", default="",
+                   help="another checkout of this repo to run as server 'before'")
     p.add_argument("--scenarios", default=",".join(SCENARIOS),
                    help=f"comma list of {','.join(SCENARIOS)} (default: all)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run")
@@ -598,6 +610,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--output", default=str(RESULTS), help="markdown file to write")
     a = p.parse_args(argv)
     a.servers = [s.strip() for s in a.only.split(",") if s.strip()]
+    if a.before and "before" not in a.servers:
+        a.servers.append("before")
+    if "before" in a.servers and not a.before:
+        p.error("server 'before' needs --before DIR")
     bad = [s for s in a.servers if s not in SERVERS]
     names = [s.strip() for s in a.scenarios.split(",") if s.strip()]
     bad += [s for s in names if s not in SCENARIOS]
@@ -672,6 +688,8 @@ def main() -> int:
             "triton": lambda p: setup_triton(work, models, p, args.ort_threads,
                                              args.triton_delay_us),
             "ours": lambda p: setup_ours(work, models, p, args.ort_threads),
+            "before": lambda p: setup_ours(work, models, p, args.ort_threads,
+                                           Path(args.before)),
         }
         names = [s for s in SERVERS if s in args.servers and s != "raw"]
         groups = [[n] for n in names] if args.sequential else [names]
