@@ -174,7 +174,10 @@ def test_canary_analysis_on_real_figures_rolls_back_a_slow_one_and_promotes_a_he
         rolled = AuditEvent.objects.filter(action="endpoint.abort").first()
         assert rolled.actor_name == "canary-analysis" and "p99" in rolled.reason
         assert rolled.after["details"]["candidate"]["count"] >= 40
-        plan = {**plan, "max_p99_ratio": 4}  # same-size model: only noise separates them
+        # Same-size model: only scheduler noise separates the two, and on a loaded 2-core host
+        # that noise alone has put a p99 over 4x its twin's. The latency guard gets a margin no
+        # CPU load crosses (1 s); errors and request counts are still judged on real figures.
+        plan = {**plan, "max_p99_ratio": 4, "min_p99_increase_ms": 1000}
         assert judge(3, plan) == ["advance", "promote"]
         ep = Endpoint.objects.select_related("stable").get(model__name="judged")
         assert ep.stable.number == 3
