@@ -236,11 +236,17 @@ def _rollout_parsers(sub) -> None:
         s.set_defaults(fn=cmd_rollout)
 
 
+GLOBAL_URL, GLOBAL_TOKEN = "mmc_server_url", "mmc_api_token"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mmc", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", default=os.environ.get("MMC_URL", "http://127.0.0.1:8000"))
-    p.add_argument("--token", default=os.environ.get("MMC_TOKEN"))
+    # Own dests for the global options: a sub-command argument called `url` or `token` (webhook-add
+    # URL) must never replace the server the token is sent to.
+    p.add_argument("--url", dest=GLOBAL_URL,
+                   default=os.environ.get("MMC_URL", "http://127.0.0.1:8000"))
+    p.add_argument("--token", dest=GLOBAL_TOKEN, default=os.environ.get("MMC_TOKEN"))
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("models", help="list models")
     s.add_argument("--search")
@@ -285,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "shadow" and not args.stop and args.version is None:
         parser().error("shadow needs a version (or --stop)")
     try:
-        return args.fn(Client(args.url, args.token), args)
+        return args.fn(Client(getattr(args, GLOBAL_URL), getattr(args, GLOBAL_TOKEN)), args)
     except CliError as exc:
         print(f"mmc: {exc}", file=sys.stderr)
         return 1
