@@ -208,6 +208,9 @@ CELERY_BEAT_SCHEDULE = {name: {"task": name, "schedule": seconds}
                         for name, seconds in PERIODIC_TASKS.items() if seconds > 0}
 # Default HMAC-SHA256 key for completion callbacks when a job brings none of its own.
 JOB_CALLBACK_SECRET = env.str("MMC_CALLBACK_SECRET", default="")
+# Webhooks and job callbacks reach public addresses only; this comma list admits more: networks
+# (10.20.0.0/16, ::1/128), host names (hooks.internal) or domains (.corp.example).
+OUTBOUND_ALLOW = env.list("MMC_OUTBOUND_ALLOW", default=[])
 
 LOGGING = {
     "version": 1,

@@ -107,7 +107,7 @@ def test_a_failing_receiver_gets_retries_with_backoff_and_every_attempt_is_logge
     attempts = log[0]["attempt_log"]
     assert [a["number"] for a in attempts] == [1, 2, 3]
     assert [a["status_code"] for a in attempts] == [500, 500, 200]
-    assert attempts[0]["error"].startswith("HTTP 500") and attempts[2]["error"] == ""
+    assert attempts[0]["error"] == "HTTP 5xx" and attempts[2]["error"] == ""
     assert all(a["duration_ms"] > 0 for a in attempts)
 
     assert len(receiver.calls) == 3 and all(c["verified"] for c in receiver.calls)
@@ -183,7 +183,7 @@ def test_test_button_sends_a_signed_ping_once_and_reports_the_answer(admin, rece
 
     body = admin.post(f"/api/v1/webhooks/{bad['id']}/test/").json()  # filters do not apply
     assert body["status"] == "failed" and body["attempts"] == 1
-    assert body["last_status_code"] == 500 and "HTTP 500" in body["last_error"]
+    assert body["last_status_code"] == 500 and body["last_error"] == "HTTP 5xx"
     time.sleep(1.5)
     assert len(failing.calls) == 1  # a test is not retried
     assert AuditEvent.objects.filter(action="webhook.test").count() == 2
@@ -200,7 +200,8 @@ def test_an_unreachable_receiver_fails_after_max_attempts_with_the_error(admin, 
     services.canary_start(model_name="gone", version_number=2, actor=ME)
     [delivery] = wait_deliveries(1)
     assert delivery.status == DeliveryStatus.FAILED and delivery.attempts == 2
-    assert delivery.last_status_code is None and "ConnectError" in delivery.last_error
+    assert delivery.last_status_code is None
+    assert delivery.last_error == "no answer (connection failed)"
     assert delivery.attempt_log.count() == 2
 
 

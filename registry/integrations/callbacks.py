@@ -41,7 +41,8 @@ def notice(job: Job) -> bytes:
 
 def deliver(job: Job, *, attempts: int = ATTEMPTS) -> str:
     """POST the notice; retry connection errors, 408, 429 and 5xx. Records the outcome on the
-    job (`callback_status`) and returns it; never raises."""
+    job (`callback_status`, which the engineer sees: the class of failure, never what answered)
+    and returns it; never raises."""
     body = notice(job)
     headers = {"Content-Type": "application/json", "X-MMC-Job": str(job.pk),
                "X-MMC-Event": f"job.{job.status}"}
@@ -52,8 +53,7 @@ def deliver(job: Job, *, attempts: int = ATTEMPTS) -> str:
         if sent.ok:
             outcome = f"delivered: HTTP {sent.status_code} on attempt {attempt}"
             break
-        what = sent.error if sent.status_code is None else f"HTTP {sent.status_code}"
-        outcome = f"failed after {attempt} attempt(s): {what}"
+        outcome = f"failed after {attempt} attempt(s): {sent.error}"
         if not sent.retryable:
             break
         if attempt < attempts:

@@ -1,5 +1,11 @@
 """Signed outbound POSTs: webhook deliveries and job completion callbacks both go through
-`post_signed`, so signing, timeouts and the way an outcome is reported live in one place.
+`post_signed`, so signing, timeouts, the address policy (registry/integrations/addresses.py) and
+the way an outcome is reported live in one place.
+
+An outcome names the class of what happened, never what answered: "HTTP 5xx", "HTTP 3xx" (a
+redirect is not followed), "refused: <policy>", "no answer (timeout)" or "no answer (connection
+failed)" (a closed port and a service that does not speak HTTP look alike). The response body is
+never read.
 
 The receiver verifies `X-MMC-Signature` with `hmac.compare_digest(sig, "sha256=" +
 hmac.new(secret, body, sha256).hexdigest())`."""
@@ -12,6 +18,8 @@ import time
 from dataclasses import dataclass
 
 import httpx
+
+from registry.integrations import addresses
 
 SIGNATURE_HEADER = "X-MMC-Signature"
 
@@ -26,6 +34,7 @@ class Outcome:
     status_code: int | None  # None: no HTTP answer at all
     error: str               # empty on a 2xx
     duration_ms: float
+    refused: bool = False    # the address policy said no; trying again would not help
 
     @property
     def ok(self) -> bool:
@@ -33,24 +42,45 @@ class Outcome:
 
     @property
     def retryable(self) -> bool:
-        """Worth another try: no answer, 408, 429 or a 5xx."""
+        """Worth another try: no answer, 408, 429 or a 5xx (a refusal is not)."""
         code = self.status_code
-        return code is None or code >= 500 or code in (408, 429)
+        return not self.refused and (code is None or code >= 500 or code in (408, 429))
 
 
 def post_signed(url: str, body: bytes, headers: dict, *, secret: str = "",
                 timeout: float = 10.0) -> Outcome:
-    """One POST of `body`, signed when there is a secret; never raises for network trouble."""
+    """One POST of `body`, signed when there is a secret, to the address `url` resolves to now,
+    if the address policy allows it; never raises for network trouble."""
     if secret:
         headers = {**headers, SIGNATURE_HEADER: sign(secret, body)}
     started = time.perf_counter()
+    code, error, refused = None, "", False
     try:
-        r = httpx.post(url, content=body, headers=headers, timeout=timeout)
-        code = r.status_code
-        error = "" if r.is_success else f"HTTP {code}: {r.text[:200]}"
-    except httpx.HTTPError as exc:
-        code, error = None, f"{exc.__class__.__name__}: {exc}"[:500]
-    return Outcome(code, error, round((time.perf_counter() - started) * 1000, 2))
+        dest = addresses.destination(url)
+    except addresses.Refused as exc:
+        error, refused = f"refused: {exc.reason}", True
+    except addresses.Unresolved:
+        error = "no answer (connection failed)"
+    else:
+        code, error = _post(dest, body, headers, timeout)
+    return Outcome(code, error, round((time.perf_counter() - started) * 1000, 2), refused)
+
+
+def _post(dest: addresses.Destination, body: bytes, headers: dict,
+          timeout: float) -> tuple[int | None, str]:
+    """POST to the checked address itself (Host header and TLS name from the URL); no proxy
+    from the environment, no redirects, and only the status line is read."""
+    extensions = {"sni_hostname": dest.sni_hostname} if dest.sni_hostname else {}
+    try:
+        with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client:
+            with client.stream("POST", dest.pinned_url, content=body, extensions=extensions,
+                               headers={**headers, "Host": dest.host_header}) as r:
+                code = r.status_code
+    except httpx.TimeoutException:
+        return None, "no answer (timeout)"
+    except (httpx.HTTPError, OSError):
+        return None, "no answer (connection failed)"
+    return code, "" if 200 <= code < 300 else f"HTTP {code // 100}xx"
 
 
 def backoff(attempt: int, *, base: float, cap: float) -> float:

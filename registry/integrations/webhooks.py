@@ -137,7 +137,8 @@ def send(delivery_id: int, delay: float = 0.0) -> None:
 
 def attempt_delivery(delivery_id: int, *, retry: bool = True) -> str:
     """Try a pending delivery once; on failure schedule the next try with backoff until
-    max_attempts. Returns the delivery's status afterwards."""
+    max_attempts (a URL the address policy refuses fails at once). The attempt log keeps the
+    class of failure only (see outbound.py). Returns the delivery's status afterwards."""
     with transaction.atomic():
         d = WebhookDelivery.objects.select_for_update().select_related("subscription").get(
             pk=delivery_id)
@@ -151,7 +152,7 @@ def attempt_delivery(delivery_id: int, *, retry: bool = True) -> str:
         "X-MMC-Event": d.event, "X-MMC-Delivery": str(d.pk),
     }, secret=sub.secret, timeout=float(_setting("WEBHOOK_TIMEOUT_SECONDS", 10.0)))
     code, error, ms, ok = sent.status_code, sent.error, sent.duration_ms, sent.ok
-    last = ok or not retry or number >= d.max_attempts
+    last = ok or sent.refused or not retry or number >= d.max_attempts
     with transaction.atomic():
         WebhookAttempt.objects.create(delivery=d, number=number, status_code=code, error=error,
                                       duration_ms=ms)

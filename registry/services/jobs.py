@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from registry.audit import Actor, record
 from registry.errors import Gone, InvalidRequest, LifecycleError, NotFound
+from registry.integrations.addresses import refusal
 from registry.jobs.batch import match_columns
 from registry.jobs.housekeeping import enqueue_job
 from registry.models import (
@@ -50,12 +51,15 @@ def resolve_version(model_name: str, number: int | None) -> ModelVersion:
 
 
 def _callback(url: str, secret: str) -> tuple[str, str]:
+    """A job's completion callback: an http(s) URL to a public address (or one the operator's
+    MMC_OUTBOUND_ALLOW names), checked again before each POST."""
     url = (url or "").strip()
-    if url and not url.startswith(("http://", "https://")):
-        raise InvalidRequest("callback_url must be an http(s) URL", field="callback_url")
     if len(url) > 500 or len(secret or "") > 200:
         raise InvalidRequest("callback_url (500) or callback_secret (200) is too long",
                              field="callback_url")
+    problem = refusal(url) if url else None
+    if problem:
+        raise InvalidRequest(f"callback_url {problem}", field="callback_url")
     return url, secret or ""
 
 

@@ -1,16 +1,17 @@
 """Webhook subscriptions (admin only): create, change, delete, send a test. Each is audited; the
-secret never appears in the audit log."""
+secret never appears in the audit log. A URL must point to a public address (or one the
+operator's MMC_OUTBOUND_ALLOW names): checked here and again before every delivery."""
 
 from __future__ import annotations
 
 import secrets
-from urllib.parse import urlsplit
 
 from django.db import transaction
 from django.utils import timezone
 
 from registry.audit import Actor, record
 from registry.errors import InvalidRequest, NotFound
+from registry.integrations.addresses import refusal
 from registry.integrations.webhooks import EVENTS, attempt_delivery, encode
 from registry.models import RegisteredModel, WebhookDelivery, WebhookSubscription
 
@@ -25,9 +26,9 @@ def _snapshot(sub: WebhookSubscription) -> dict:
 def _clean(changes: dict) -> dict:
     out = dict(changes)
     if "url" in out:
-        parts = urlsplit(out["url"] or "")
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise InvalidRequest("url must be an absolute http:// or https:// URL", field="url")
+        problem = refusal(out["url"] or "")
+        if problem:
+            raise InvalidRequest(f"url {problem}", field="url")
     if "events" in out:
         events = out["events"] or []
         if not isinstance(events, list) or not all(isinstance(e, str) for e in events):
