@@ -209,9 +209,9 @@ def test_only_admins_manage_subscriptions_and_each_change_is_audited(client_for,
     for role in ("viewer", "engineer"):
         c = client_for(role)
         assert c.get("/api/v1/webhooks/").status_code == 403
-        assert c.post("/api/v1/webhooks/", {"url": "http://x.example/h"},
+        assert c.post("/api/v1/webhooks/", {"url": "http://x.invalid/h"},
                       format="json").status_code == 403
-    r = admin.post("/api/v1/webhooks/", {"url": "https://hooks.example/mmc",
+    r = admin.post("/api/v1/webhooks/", {"url": "https://hooks.invalid/mmc",
                                          "events": ["version.ready"]}, format="json")
     assert r.status_code == 201
     created = r.json()
@@ -221,10 +221,10 @@ def test_only_admins_manage_subscriptions_and_each_change_is_audited(client_for,
 
     r = admin.post("/api/v1/webhooks/", {"url": "ftp://x"}, format="json")
     assert r.status_code == 400 and r.json()["field"] == "url"
-    r = admin.post("/api/v1/webhooks/", {"url": "http://x.example", "events": ["nope"]},
+    r = admin.post("/api/v1/webhooks/", {"url": "http://x.invalid", "events": ["nope"]},
                    format="json")
     assert r.status_code == 400 and "nope" in r.json()["error"]
-    r = admin.post("/api/v1/webhooks/", {"url": "http://x.example", "model": "ghost"},
+    r = admin.post("/api/v1/webhooks/", {"url": "http://x.invalid", "model": "ghost"},
                    format="json")
     assert r.status_code == 404
 
