@@ -83,12 +83,15 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "django_htmx",
+    "axes",
+    "csp",
     "registry",
     "console",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -98,6 +101,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "registry.middleware.RequestContextMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as axes asks: turns a lockout into its 429 page
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -117,6 +121,27 @@ TEMPLATES = [
 ]
 ASGI_APPLICATION = "console.asgi.application"
 WSGI_APPLICATION = "console.wsgi.application"
+
+# Login throttling (django-axes): the first backend refuses a locked-out client before any
+# password is checked; every login form (console, Django admin) goes through it.
+AUTHENTICATION_BACKENDS = [
+    "registry.services.lockouts.LoginThrottleBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env.int("MMC_LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.float("MMC_LOGIN_COOLOFF_MINUTES", default=15))
+# A username is locked from the address that failed, so an attacker elsewhere cannot lock the
+# real user out; "ip_address" alone (MMC_LOGIN_LOCKOUT_BY=ip_address) also stops spraying.
+AXES_LOCKOUT_PARAMETERS = [env.list("MMC_LOGIN_LOCKOUT_BY", default=["username", "ip_address"])]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+# The client address is REMOTE_ADDR unless an operator names the header their proxy sets
+# (e.g. HTTP_X_FORWARDED_FOR): a header a client can send itself would let it dodge the lockout.
+AXES_IPWARE_META_PRECEDENCE_ORDER = env.list("MMC_CLIENT_IP_HEADERS", default=["REMOTE_ADDR"])
+AXES_IPWARE_PROXY_COUNT = env.int("MMC_PROXY_COUNT", default=None)
+AXES_VERBOSE = False
+# API tokens: each admin may create this many per period (DRF throttle; "20/hour").
+TOKEN_CREATE_RATE = env.str("MMC_TOKEN_CREATE_RATE", default="20/hour")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -145,6 +170,21 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE = env.bool("SECURE_COOKIES", default=CLUSTERED)
 X_FRAME_OPTIONS = "DENY"
+# Content-Security-Policy (django-csp): our own static files only (htmx is served from
+# django-htmx's static files), no inline script or style, no eval, no framing.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -200,10 +240,15 @@ JOB_CHUNK_ROWS = env.int("MMC_JOB_CHUNK_ROWS", default=10_000)
 JOB_TICK_SECONDS = env.float("MMC_JOB_TICK_SECONDS", default=30.0)
 # Automated canary analysis and rollout housekeeping (0 turns the embedded scheduler's off).
 ROLLOUT_TICK_SECONDS = env.float("MMC_ROLLOUT_TICK_SECONDS", default=5.0)
+# Artifact garbage collection (0 turns it off): blobs no version references, once older than
+# the grace period (an upload writes its blob before its version row commits).
+GC_SECONDS = env.float("MMC_GC_SECONDS", default=3600.0)
+GC_GRACE_SECONDS = env.float("MMC_GC_GRACE_SECONDS", default=3600.0)
 # Periodic background tasks (registry/tasks.py): Celery beat runs them clustered, the embedded
 # process's scheduler thread otherwise.
 PERIODIC_TASKS = {"registry.rollout_tick": ROLLOUT_TICK_SECONDS,
-                  "registry.jobs_tick": JOB_TICK_SECONDS}
+                  "registry.jobs_tick": JOB_TICK_SECONDS,
+                  "registry.gc_artifacts": GC_SECONDS}
 CELERY_BEAT_SCHEDULE = {name: {"task": name, "schedule": seconds}
                         for name, seconds in PERIODIC_TASKS.items() if seconds > 0}
 # Default HMAC-SHA256 key for completion callbacks when a job brings none of its own.

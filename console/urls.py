@@ -1,11 +1,27 @@
+from urllib.parse import urlsplit
+
+from csp.constants import UNSAFE_INLINE
+from csp.decorators import csp_update
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.settings import spectacular_settings
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
+
+
+def swagger_csp(view):
+    """The API docs page is Swagger UI, not the console: it may load Swagger UI's files from
+    where SWAGGER_UI_DIST says and use inline styles. The split view keeps its script off-page."""
+    dist = urlsplit(spectacular_settings.SWAGGER_UI_DIST)
+    origin = [f"{dist.scheme}://{dist.netloc}"] if dist.scheme in ("http", "https") else []
+    return csp_update({"script-src": origin, "style-src": [*origin, UNSAFE_INLINE],
+                       "img-src": [*origin, "data:"]})(view)
+
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("registry.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("api/docs/", swagger_csp(SpectacularSwaggerSplitView.as_view(url_name="schema")),
+         name="docs"),
     path("", include("console.urls_ui")),
 ]

@@ -4,12 +4,16 @@ embedded mode) and started with `registry.background.enqueue(name, ...)`."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from celery.signals import worker_ready
+from django.conf import settings
 
 from registry.background import task
 from registry.integrations import tensorrt, webhooks
 from registry.jobs import housekeeping, runner
 from registry.services import analysis
+from registry.store.gc import collect_garbage
 from registry.validation import recover_validations, validate_version
 
 
@@ -43,6 +47,13 @@ def rollout_tick_task() -> int:
 def jobs_tick_task() -> dict:
     """Periodic: expire job results and datasets, re-queue jobs whose worker died."""
     return housekeeping.tick()
+
+
+@task("registry.gc_artifacts", ignore_result=True)
+def gc_artifacts_task() -> int:
+    """Periodic: remove artifact blobs no version references, once past the grace period."""
+    grace = timedelta(seconds=settings.GC_GRACE_SECONDS)
+    return len(collect_garbage(grace=grace)["blobs"])
 
 
 @worker_ready.connect

@@ -102,6 +102,15 @@ def background_work_settles(request):
     wait_background_idle()
 
 
+@pytest.fixture(autouse=True)
+def throttles_reset():
+    """Rate-limit counts (DRF throttles, in the process's local-memory cache) never carry from one
+    test to the next. axes' failed logins live in the database, which each test gets fresh."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
 @pytest.fixture
 def users(transactional_db):
     from django.contrib.auth.models import Group, User

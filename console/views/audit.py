@@ -12,6 +12,7 @@ from django.views.decorators.http import require_GET
 
 from registry import selectors
 from registry.filtersets import AuditFilterSet
+from registry.services.lockouts import active_lockouts
 
 from . import render_page_or_partial
 from .access import requires
@@ -28,10 +29,22 @@ def audit_list(request: HttpRequest) -> HttpResponse:
     page = Paginator(filterset.qs, PAGE_SIZE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
-    context = {"filter": filterset, "page": page, "query": query.urlencode()}
+    context = {"filter": filterset, "page": page, "query": query.urlencode(),
+               "lockouts": [] if request.htmx else active_lockouts()}
     return render_page_or_partial(request, "console/audit_list.html",
                                   "console/partials/audit_table.html", context,
                                   status=200 if filterset.is_valid() else 400, partial_status=200)
+
+
+#: A spreadsheet runs a cell that starts with one of these as a formula (OWASP: CSV injection).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutralise(value) -> str:
+    """One cell of the export: a leading quote makes a would-be formula plain text. Not
+    defusedcsv: it leaves cells starting with a tab or carriage return alone."""
+    text = "" if value is None else str(value)
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
 
 
 class _Echo:
@@ -52,7 +65,7 @@ def _csv_rows(queryset):
                 value = "" if value is None else json.dumps(value, sort_keys=True)
             elif field == "created_at":
                 value = value.isoformat()
-            row.append(value)
+            row.append(neutralise(value))
         yield writer.writerow(row)
 
 

@@ -9,6 +9,7 @@ from django.core.files.uploadhandler import FileUploadHandler
 from registry.errors import InvalidRequest
 from registry.store.artifacts import CHUNK, ArtifactStore, BlobWriter, StoredBlob
 from registry.store.files import FileWriter
+from registry.store.gc import discard_unreferenced
 from registry.store.writer import HashingWriter
 
 
@@ -52,6 +53,22 @@ class StreamingUploadHandler(FileUploadHandler):
             self.writer.abort()
 
 
+def remember_blob(request, blob: StoredBlob) -> None:
+    """Note a blob this request put in the store: `discard_refused_blobs` looks at it once the
+    answer is known."""
+    if not hasattr(request, "stored_blobs"):
+        request.stored_blobs = []
+    request.stored_blobs.append(blob)
+
+
+def discard_refused_blobs(request) -> None:
+    """Whatever the answer, an upload leaves no blob behind that no version references: a
+    refused one (bad metadata, archived model, no role...) removes what it stored at once."""
+    for blob in getattr(request, "stored_blobs", ()):
+        discard_unreferenced(blob)
+    request.stored_blobs = []
+
+
 class StoredUpload:
     """What request.FILES holds for a file that is already in the store."""
 
@@ -59,6 +76,10 @@ class StoredUpload:
         self.name = name
         self.blob = blob
         self.size = blob.size
+
+    def close(self) -> None:
+        """Django closes every parsed file when a later part of the body is refused: nothing is
+        open here (the blob itself goes with the refusal, see `discard_refused_blobs`)."""
 
 
 class StoreUploadHandler(StreamingUploadHandler):
@@ -74,7 +95,9 @@ class StoreUploadHandler(StreamingUploadHandler):
         return self.store.writer()
 
     def uploaded(self, writer: BlobWriter) -> StoredUpload:
-        return StoredUpload(self.file_name or "", writer.finish())
+        blob = writer.finish()
+        remember_blob(self.request, blob)
+        return StoredUpload(self.file_name or "", blob)
 
 
 class DatasetUploadHandler(StreamingUploadHandler):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+from django.conf import settings
 from django.http import FileResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
 from rest_framework.parsers import FileUploadParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
+from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import APIView
 
 from registry import selectors, services
@@ -30,7 +32,7 @@ from registry.api.serializers import (
     VersionConfigSerializer,
     VersionSerializer,
 )
-from registry.api.uploads import StoreUploadHandler
+from registry.api.uploads import StoreUploadHandler, discard_refused_blobs, remember_blob
 from registry.audit import Actor
 from registry.convergence import wait_for_revision
 from registry.errors import InvalidRequest, LifecycleError, PayloadTooLarge
@@ -137,7 +139,18 @@ def _upload_response(version, created: bool) -> Response:
     return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
-class VersionListView(generics.ListAPIView):
+class DiscardsRefusedUpload:
+    """For upload views: the artifact is in the store before the view decides, so once the answer
+    is known (refused, failed, or a second file field) nothing stays that no version uses."""
+
+    def dispatch(self, request, *args, **kwargs):
+        try:
+            return super().dispatch(request, *args, **kwargs)
+        finally:
+            discard_refused_blobs(request)
+
+
+class VersionListView(DiscardsRefusedUpload, generics.ListAPIView):
     serializer_class = VersionSerializer
     parser_classes = [MultiPartParser]
 
@@ -167,7 +180,7 @@ class VersionListView(generics.ListAPIView):
         return _upload_response(version, created)
 
 
-class VersionRawUploadView(APIView):
+class VersionRawUploadView(DiscardsRefusedUpload, APIView):
     parser_classes = [FileUploadParser]
 
     @extend_schema(
@@ -179,6 +192,7 @@ class VersionRawUploadView(APIView):
         """Upload a version as the raw request body (curl --upload-file)."""
         _check_uploadable(request, name)
         blob = default_store().writer().read_from(request._request.read).finish()
+        remember_blob(request._request, blob)
         version, created = services.version_upload(
             model_name=name, blob=blob, actor=actor(request),
             filename=request.query_params.get("filename", ""),
@@ -297,12 +311,26 @@ class AuditListView(generics.ListAPIView):
         return selectors.audit_list()
 
 
+class TokenCreateThrottle(UserRateThrottle):
+    """Token creation per admin, at settings.TOKEN_CREATE_RATE ("20/hour"): a stolen session or
+    token cannot mint credentials in bulk."""
+
+    scope = "token-create"
+
+    def get_rate(self) -> str:
+        return settings.TOKEN_CREATE_RATE
+
+
 class TokenListView(generics.ListAPIView):
     read_role = write_role = "admin"
     serializer_class = TokenSerializer
 
     def get_queryset(self):
         return ApiToken.objects.select_related("user")
+
+    def get_throttles(self):
+        extra = [TokenCreateThrottle()] if self.request.method == "POST" else []
+        return [*super().get_throttles(), *extra]
 
     @extend_schema(request=TokenCreateSerializer, responses={201: dict})
     def post(self, request):

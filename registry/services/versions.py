@@ -6,11 +6,12 @@ from django.db.models import Max
 from registry.audit import Actor, record
 from registry.background import enqueue
 from registry.choices import GraphOptimizationLevel
-from registry.errors import InvalidRequest, NotFound
+from registry.errors import InvalidRequest, LifecycleError, NotFound
 from registry.models import ModelVersion, VersionStatus
 from registry.notify import bump_revision
 from registry.services.catalog import lock_model
 from registry.store.artifacts import StoredBlob
+from registry.store.gc import lock_blob
 from serving.signature import batch_dimension
 
 CONFIG_FIELDS = {
@@ -42,6 +43,11 @@ def version_upload(*, model_name: str, blob: StoredBlob, actor: Actor, filename:
             original_filename=(filename or "")[:255], metadata=metadata or {},
             status=VersionStatus.VALIDATING, created_by=actor.user,
         )
+        lock_blob(blob.sha256)  # a refused upload of the same bytes may be removing the blob
+        if not blob.path.exists():
+            raise LifecycleError("the artifact was removed while it was being registered (a "
+                                 "refused upload of the same bytes); upload it again",
+                                 field="file")
         record(actor, "version.upload", target_type="version", target=str(version),
                model_name=model_name,
                after={"number": number, "sha256": blob.sha256, "size_bytes": blob.size,

@@ -7,6 +7,7 @@ temp file behind.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +36,14 @@ class BlobWriter(HashingWriter):
     def finish(self) -> StoredBlob:
         sha = self.sha256
         final = self.store.path_for(sha)
-        if final.exists():
-            self.abort()  # same bytes already stored: share the blob
-        else:
+        try:
+            # Same bytes already stored: share the blob, and restart its garbage-collection grace
+            # period, since no version may reference it yet.
+            os.utime(final)
+        except FileNotFoundError:
             self.move_to(final)
+        else:
+            self.abort()
         return StoredBlob(sha256=sha, size=self.size, path=final)
 
 

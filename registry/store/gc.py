@@ -1,16 +1,52 @@
-"""Artifact garbage collection: a blob goes only when no version references it, and only once
-it is older than a grace period (an upload writes its blob before its version row commits)."""
+"""Artifact garbage collection: a blob goes only when no version references it. The periodic
+collector waits for a grace period (an upload writes its blob before its version row commits);
+a refused upload removes its own blob at once.
+
+Removing a blob and registering a version that references it serialise on the blob's lock
+(`lock_blob`), so neither can miss the other."""
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import timedelta
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from registry.audit import Actor, record
 from registry.models import ModelVersion
-from registry.store.artifacts import ArtifactStore, default_store
+from registry.store.artifacts import ArtifactStore, StoredBlob, default_store
+
+log = logging.getLogger(__name__)
+
+
+def lock_blob(sha256: str) -> None:
+    """Inside a transaction: hold the blob's lock until it ends. SQLite's one write lock (taken
+    by BEGIN IMMEDIATE) already serialises every writer; PostgreSQL takes a transaction-level
+    advisory lock keyed by the digest."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("lock_blob needs a transaction")
+    if connection.vendor == "postgresql":
+        key = int(sha256[:16], 16) - (1 << 63)  # a signed 64-bit key
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+
+
+def discard_unreferenced(blob: StoredBlob, *, store: ArtifactStore | None = None) -> bool:
+    """Remove a blob an upload wrote unless a version references it (a refused upload leaves
+    nothing behind; the same bytes registered by a concurrent upload stay). True if removed."""
+    store = store or default_store()
+    with transaction.atomic():
+        lock_blob(blob.sha256)
+        if ModelVersion.objects.filter(sha256=blob.sha256).exists():
+            return False
+        store.remove(blob.sha256)
+    log.info("removed blob %s of a refused upload", blob.sha256)
+    return True
+
+
+#: Blobs removed per transaction (each holds one advisory lock per blob on PostgreSQL).
+BATCH = 256
 
 
 def collect_garbage(*, store: ArtifactStore | None = None, grace: timedelta = timedelta(hours=1),
@@ -18,21 +54,49 @@ def collect_garbage(*, store: ArtifactStore | None = None, grace: timedelta = ti
     store = store or default_store()
     cutoff = time.time() - grace.total_seconds()
     referenced = set(ModelVersion.objects.values_list("sha256", flat=True))
-    blobs = [sha for sha in store.blobs()
-             if sha not in referenced and store.path_for(sha).stat().st_mtime < cutoff]
-    temps = [p for p in store.tmp_dir.iterdir() if p.stat().st_mtime < cutoff]
-    freed = sum(store.path_for(sha).stat().st_size for sha in blobs)
-    if not dry_run and (blobs or temps):
+    candidates = [sha for sha in store.blobs()
+                  if sha not in referenced and _mtime(store.path_for(sha)) < cutoff]
+    temps = [p for p in store.tmp_dir.iterdir() if _mtime(p) < cutoff]
+    if dry_run:
+        freed = sum(_size(store.path_for(sha)) for sha in candidates)
+        return {"blobs": candidates, "temp_files": len(temps), "bytes": freed, "dry_run": True}
+    removed, freed = [], 0
+    batches = [candidates[i:i + BATCH] for i in range(0, len(candidates), BATCH)]
+    for i, batch in enumerate(batches or ([[]] if temps else [])):
         with transaction.atomic():
-            # re-check under the transaction: a version may have been registered meanwhile
-            referenced = set(ModelVersion.objects.filter(sha256__in=blobs)
+            # re-check under the blobs' locks: a version may have been registered meanwhile, or
+            # an upload of the same bytes may have restarted the grace period
+            for sha in batch:
+                lock_blob(sha)
+            referenced = set(ModelVersion.objects.filter(sha256__in=batch)
                              .values_list("sha256", flat=True))
-            blobs = [sha for sha in blobs if sha not in referenced]
-            for sha in blobs:
+            batch = [sha for sha in batch
+                     if sha not in referenced and _mtime(store.path_for(sha)) < cutoff]
+            size = sum(_size(store.path_for(sha)) for sha in batch)
+            for sha in batch:
                 store.remove(sha)
-            for path in temps:
+            gone = temps if i == 0 else []
+            for path in gone:
                 path.unlink(missing_ok=True)
-            record(Actor.system("gc"), "artifacts.gc", target_type="store",
-                   target=str(store.root), after={"blobs": blobs, "temp_files": len(temps),
-                                                  "bytes": freed})
-    return {"blobs": blobs, "temp_files": len(temps), "bytes": freed, "dry_run": dry_run}
+            if batch or gone:
+                record(Actor.system("gc"), "artifacts.gc", target_type="store",
+                       target=str(store.root), after={"blobs": batch, "temp_files": len(gone),
+                                                      "bytes": size})
+        removed += batch
+        freed += size
+    return {"blobs": removed, "temp_files": len(temps), "bytes": freed, "dry_run": False}
+
+
+def _mtime(path) -> float:
+    """Modification time; a file removed meanwhile counts as brand new (nothing to collect)."""
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return float("inf")
+
+
+def _size(path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0

@@ -1,4 +1,5 @@
-// Small behaviours shared by every page: confirmations (fixed or filled from the form), copy buttons, CSV link follows filters.
+// Small behaviours shared by every page: confirmations (fixed or filled from the form), copy buttons, CSV link follows filters,
+// proportional widths.
 (function () {
   "use strict";
   document.addEventListener("submit", function (event) {
@@ -31,6 +32,20 @@
       document.execCommand("copy"); area.remove(); done();
     }
   });
+
+  // Proportional widths (the traffic split) come as data-flex: the CSP forbids style="" in markup,
+  // so they are set here, on the page and on every part htmx swaps in.
+  function applyFlex(root) {
+    if (root.matches && root.matches("[data-flex]")) root.style.flex = root.getAttribute("data-flex");
+    if (root.querySelectorAll) {
+      root.querySelectorAll("[data-flex]").forEach(function (el) { el.style.flex = el.getAttribute("data-flex"); });
+    }
+  }
+  if (window.htmx) {
+    htmx.onLoad(applyFlex);
+  } else {
+    document.addEventListener("DOMContentLoaded", function () { applyFlex(document); });
+  }
 
   document.addEventListener("htmx:afterSwap", function () {
     var table = document.getElementById("audit-table");

@@ -30,11 +30,11 @@ def upload(page, path, metadata: str, midway=None) -> None:
     page.fill("#id_metadata", metadata)
     page.get_by_role("button", name="Upload", exact=True).click()
     if midway is not None:  # the bar moves in steps while bytes go out
-        page.wait_for_function("(() => { const v = document.getElementById('upload-progress')"
-                               ".value; return v > 0 && v < 100; })()")
+        page.wait_for_function("() => { const v = document.getElementById('upload-progress')"
+                               ".value; return v > 0 && v < 100; }")
         midway(page, "03a-upload-in-progress")
     page.wait_for_function(
-        "document.getElementById('upload-percent').textContent === '100% uploaded'")
+        "() => document.getElementById('upload-percent').textContent === '100% uploaded'")
     assert page.eval_on_selector("#upload-progress", "e => e.value") == 100
 
 
@@ -107,7 +107,8 @@ def test_engineer_uploads_and_sees_ready_without_reload_then_admin_reads_audit(
     assert "CPUExecutionProvider" in page.inner_text("body")
     assert page.input_value("#shape-1") == "1,64"
     page.get_by_role("button", name="Send request").click()
-    page.wait_for_function("document.getElementById('try-status').textContent.startsWith('HTTP')")
+    page.wait_for_function(
+        "() => document.getElementById('try-status').textContent.startsWith('HTTP')")
     status = page.inner_text("#try-status")
     shot(page, "05-version-page")
     if "HTTP 200" in status:  # /v2 is mounted (embedded single-process mode)

@@ -75,9 +75,9 @@ def test_canary_from_the_slider_with_live_charts_then_promote_and_roll_back(
         page.evaluate("window.__sameDocument = true")
         # The replica table converges and v1's chart fills from real heartbeats, no reload.
         page.wait_for_selector("#replicas >> text=1/1 replica at revision", timeout=30_000)
-        page.wait_for_function("(() => { const s = document.querySelector("
+        page.wait_for_function("() => { const s = document.querySelector("
                                "'#chart-rps .series[data-label=\"v1 stable\"]');"
-                               " return s && +s.dataset.points >= 2; })()", timeout=30_000)
+                               " return s && +s.dataset.points >= 2; }", timeout=30_000)
         assert page.evaluate("window.__sameDocument") is True
         assert page.locator("#replicas tbody").inner_text().count("v1") >= 1
         shot(page, "08-deployment-stable")
@@ -101,11 +101,11 @@ def test_canary_from_the_slider_with_live_charts_then_promote_and_roll_back(
 
         # Requests keep flowing: the candidate's line appears and grows without a reload.
         page.evaluate("window.__sameDocument = true")
-        page.wait_for_function("(() => { const s = document.querySelector("
+        page.wait_for_function("() => { const s = document.querySelector("
                                "'#chart-rps .series[data-label=\"v2 candidate\"]');"
-                               " return s && +s.dataset.points >= 3; })()", timeout=30_000)
+                               " return s && +s.dataset.points >= 3; }", timeout=30_000)
         first = points(page, "chart-rps", "v2 candidate")
-        page.wait_for_function(f"+document.querySelector('#chart-rps .series[data-label="
+        page.wait_for_function(f"() => +document.querySelector('#chart-rps .series[data-label="
                                f"\"v2 candidate\"]').dataset.points > {first}", timeout=15_000)
         assert page.evaluate("window.__sameDocument") is True
         assert "v2 candidate" in page.inner_text("#chart-p99-ms .legend")

@@ -32,7 +32,7 @@ def test_engineer_follows_and_cancels_a_batch_then_asks_for_a_tensorrt_build(
     page.wait_for_selector(f'{row}[data-status="running"]')
     first = bar_value(page, f"{row} progress")
     page.wait_for_function(
-        f"document.querySelector('{row} progress').value > {first}", timeout=20_000)
+        f"() => document.querySelector('{row} progress').value > {first}", timeout=20_000)
     assert page.evaluate("window.__sameDocument") is True  # htmx swapped the table in place
     shot(page, "12-jobs-running")
 
