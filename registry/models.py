@@ -71,6 +71,9 @@ class ModelVersion(models.Model):
     graph_optimization_level = models.CharField(
         max_length=8, default=GraphOptimizationLevel.ALL, choices=GraphOptimizationLevel.choices,
     )
+    # The most bytes of outputs one request may get (over it: a 400 naming it); 0 = the
+    # replica's default (MMC_MAX_OUTPUT_BYTES).
+    max_output_bytes = models.PositiveBigIntegerField(default=0)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
         related_name="+",

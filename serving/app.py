@@ -28,7 +28,7 @@ from serving.errors import (
     ServingError,
 )
 from serving.reconciler import Reconciler
-from serving.routes import DesiredStateSource
+from serving.routes import DEFAULT_MAX_OUTPUT_BYTES, DesiredStateSource
 from serving.stats import ServingCollector, render_metrics
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,8 @@ Send = Callable[[dict], Awaitable[None]]
 
 _JSON = b"application/json"
 _CT_JSON = (b"content-type", _JSON)
-_EMPTY_JSON_HEADERS = [_CT_JSON, (b"content-length", b"2")]
+_LIVE = b'{"live":true}'  # the protocol's live answer (the KServe SDK reads "live")
+_LIVE_HEADERS = [_CT_JSON, (b"content-length", b"%d" % len(_LIVE))]
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class ServingSettings:
     heartbeat_seconds: float = 2.0
     intra_op_threads: int = 0
     providers: list[str] = field(default_factory=list)
+    # per request and version, for versions that set none (serving.routes)
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
 
     @classmethod
     def from_env(cls, env: dict | None = None) -> ServingSettings:
@@ -61,6 +64,7 @@ class ServingSettings:
             heartbeat_seconds=float(e.get("MMC_HEARTBEAT_SECONDS", cls.heartbeat_seconds)),
             intra_op_threads=int(e.get("MMC_ORT_INTRA_OP_THREADS", 0)),
             providers=[p for p in e.get("MMC_PROVIDERS", "").split(",") if p.strip()],
+            max_output_bytes=int(e.get("MMC_MAX_OUTPUT_BYTES", cls.max_output_bytes)),
         )
 
 
@@ -187,22 +191,24 @@ class ServingApp:
                     _method(method, "POST")
                     return await self._infer(scope, receive, send, model, version)
                 _method(method, "GET")
+                key = _api_key(scope["headers"])  # a keyed model's details need its key too
                 if model == "stats" and n == 4:
-                    return await _json(send, 200, dp.model_stats(None, None))
+                    return await _json(send, 200, dp.model_stats(None, None, api_key=key))
                 if action == "":
-                    return await _json(send, 200, dp.model_metadata(model, version))
+                    return await _json(send, 200,
+                                       dp.model_metadata(model, version, api_key=key))
                 if action == "ready":
                     ok = dp.model_ready(model, version)
-                    return await _json(send, 200 if ok else 503, {"ready": ok})
+                    return await _json(send, 200 if ok else 503, {"name": model, "ready": ok})
                 if action == "config":
-                    return await _json(send, 200, dp.model_config(model, version))
+                    return await _json(send, 200, dp.model_config(model, version, api_key=key))
                 if action == "stats":
-                    return await _json(send, 200, dp.model_stats(model, version))
+                    return await _json(send, 200, dp.model_stats(model, version, api_key=key))
                 raise ModelNotFound(f"no such endpoint {path}")
             if section == "health" and n == 4:
                 _method(method, "GET")
                 if parts[3] == "live":
-                    return await _respond(send, 200, b"{}", _EMPTY_JSON_HEADERS)
+                    return await _respond(send, 200, _LIVE, _LIVE_HEADERS)
                 if parts[3] == "ready":
                     ok, body = dp.ready()
                     return await _json(send, 200 if ok else 503, body)
@@ -344,6 +350,19 @@ async def _read_body(receive: Receive, scope: Scope, limit: int) -> bytes:
     return b"".join(parts)
 
 
+def _api_key(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """A predict key from `Authorization: Bearer <key>` or `X-Api-Key`, as infer reads it."""
+    api_key = None
+    for key, value in headers:
+        if key == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer":
+                api_key = token.strip()
+        elif key == b"x-api-key":
+            api_key = value.decode("latin-1").strip()
+    return api_key
+
+
 def _headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
     return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
@@ -370,7 +389,7 @@ def create_app(source: DesiredStateSource, *, replica: str,
     """The serving ASGI app over `source`; mount it at /v2, /ping, /invocations, /metrics.
     Lifespan startup starts the reconciler (or the first request does, if no lifespan)."""
     settings = settings or ServingSettings.from_env()
-    dataplane = DataPlane(replica=replica)
+    dataplane = DataPlane(replica=replica, max_output_bytes=settings.max_output_bytes)
     reconciler = Reconciler(
         source, dataplane, poll_seconds=settings.poll_seconds,
         heartbeat_seconds=settings.heartbeat_seconds,

@@ -8,7 +8,9 @@ Django or the database; errors are the typed ones from serving.errors.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+import re
 from dataclasses import dataclass, field
 from time import perf_counter_ns
 from typing import Any
@@ -28,6 +30,7 @@ from serving.errors import (
     Unauthorized,
 )
 from serving.routes import (
+    DEFAULT_MAX_OUTPUT_BYTES,
     DesiredStateSource,
     ModelRoute,
     VersionSpec,
@@ -37,6 +40,8 @@ from serving.routes import (
 from serving.runtime import OnnxRuntime
 from serving.signature import validate_inputs, validate_outputs
 from serving.stats import VersionStats
+
+log = logging.getLogger(__name__)
 
 SERVER_NAME = "mmc"
 SERVER_VERSION = "0.1.0"
@@ -118,8 +123,10 @@ EMPTY_TABLE = RouteTable(revision=-1, routes={}, loaded={})
 class DataPlane:
     """Model metadata, readiness, inference, statistics and the repository index."""
 
-    def __init__(self, *, replica: str) -> None:
+    def __init__(self, *, replica: str,
+                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> None:
         self.replica = replica
+        self.max_output_bytes = max_output_bytes  # for versions that set no budget of their own
         self.table: RouteTable = EMPTY_TABLE
         self.started = False  # a first route table has been installed
         self.degraded: str | None = None  # why the source cannot be followed right now
@@ -149,6 +156,13 @@ class DataPlane:
             raise ModelNotFound(f"unknown model '{model}'")
         return route
 
+    def _keyed(self, model: str, api_key: str | None) -> ModelRoute:
+        """The model's route, once the caller showed its key (if it has keys), as infer asks."""
+        route = self._route(model)
+        if route.api_key_hashes:
+            _authorize(route, api_key)
+        return route
+
     def resolve(self, model: str, version: str | None) -> LoadedVersion:
         """The loaded version a non-infer request is about (unpinned: the stable / live one)."""
         table = self.table
@@ -175,7 +189,9 @@ class DataPlane:
             return False
         return True
 
-    def model_metadata(self, model: str, version: str | None) -> dict:
+    def model_metadata(self, model: str, version: str | None, *,
+                       api_key: str | None = None) -> dict:
+        self._keyed(model, api_key)
         lv = self.resolve(model, version)
         sig = lv.signature
         return {
@@ -186,8 +202,10 @@ class DataPlane:
             "outputs": [_meta_tensor(t) for t in sig["outputs"]],
         }
 
-    def model_config(self, model: str, version: str | None) -> dict:
+    def model_config(self, model: str, version: str | None, *,
+                     api_key: str | None = None) -> dict:
         """Triton's model configuration: dims exclude the batch dimension when batching."""
+        self._keyed(model, api_key)
         lv = self.resolve(model, version)
         cfg = lv.spec.batching
         providers = lv.runtime.providers
@@ -226,22 +244,48 @@ class DataPlane:
             feeds = validate_inputs(request.inputs, lv.signature, lv.max_batch_size)
             if request.outputs:
                 validate_outputs([o.name for o in request.outputs], lv.signature)
+            feeds = lv.runtime.text_inputs(feeds)
         except InvalidInput:
             lv.stats.record_failure(0)
             raise
+        outputs = await self._run(model, lv, feeds)
+        try:
+            body, headers = encode_infer_response(
+                model_name=model, model_version=lv.version, request_id=request.id,
+                outputs=outputs, requested=request.outputs, binary_output=request.binary_output,
+                batched=lv.batched)
+            if route.shadow is not None and route.shadow != lv.version:
+                self._spawn(self._shadow(model, route.shadow, dict(feeds), dict(outputs)))
+        finally:
+            # The batcher's worker thread holds its last batch, these dicts with it, until it
+            # takes the next one: emptied now, a large request's memory goes with its answer.
+            feeds.clear()
+            outputs.clear()
+        return body, headers, lv
+
+    async def _run(self, model: str, lv: LoadedVersion, feeds: dict) -> dict[str, np.ndarray]:
+        """One request's outputs from the version's batcher, within the version's output
+        budget (its own, else this replica's): over it, or too large to allocate, is a 400."""
+        budget = lv.spec.max_output_bytes
+        if budget <= 0:
+            budget = self.max_output_bytes
         try:
             outputs = await lv.batcher.infer(feeds)
         except ServingError:
             raise
         except Exception as exc:  # noqa: BLE001 - the runtime's own error types
-            raise _runtime_error(model, lv.version, exc) from None
-        body, headers = encode_infer_response(
-            model_name=model, model_version=lv.version, request_id=request.id,
-            outputs=outputs, requested=request.outputs, binary_output=request.binary_output,
-            batched=lv.batched)
-        if route.shadow is not None and route.shadow != lv.version:
-            self._spawn(self._shadow(model, route.shadow, feeds, outputs))
-        return body, headers, lv
+            error = _runtime_error(model, lv.version, exc, budget)
+            if isinstance(error, ServerFault):
+                log.error("%s", error.message)
+            raise error from None
+        size = output_bytes(outputs)
+        if size > budget:
+            feeds.clear()
+            outputs.clear()
+            raise InvalidInput(
+                f"model '{model}' version '{lv.version}': this request's outputs are {size} "
+                f"bytes, over the version's output budget of {budget} bytes (max_output_bytes)")
+        return outputs
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -284,14 +328,18 @@ class DataPlane:
 
     # -- statistics and repository -----------------------------------------------------------
 
-    def model_stats(self, model: str | None, version: str | None) -> dict:
+    def model_stats(self, model: str | None, version: str | None, *,
+                    api_key: str | None = None) -> dict:
         table = self.table
-        if model is None:
-            lvs = [table.loaded[k] for k in sorted(table.loaded)]
+        if model is None:  # every model, less those with keys the caller did not show
+            routes = table.routes
+            lvs = [table.loaded[k] for k in sorted(table.loaded)
+                   if _opens(routes.get(k[0]), api_key)]
         elif version is not None:
+            self._keyed(model, api_key)
             lvs = [self.resolve(model, version)]
         else:
-            self._route(model)
+            self._keyed(model, api_key)
             lvs = table.versions_of(model)
         answer: dict[str, Any] = {"model_stats": [lv.stats.to_triton() for lv in lvs]}
         if model is not None and model in self.shadow:
@@ -398,14 +446,56 @@ def _meta_tensor(t: dict) -> dict:
             "shape": t["shape"] if t["shape"] is not None else [-1]}
 
 
-def _runtime_error(model: str, version: str, exc: Exception) -> ServingError:
+def output_bytes(outputs: dict[str, np.ndarray]) -> int:
+    """What a request's outputs weigh, as the binary extension carries them (BYTES: a 4-byte
+    length plus the bytes of each element): the measure of the output budget."""
+    total = 0
+    for array in outputs.values():
+        if array.dtype.kind == "O":
+            total += sum(4 + len(item) for item in array.ravel().tolist())
+        else:
+            total += array.nbytes
+    return total
+
+
+#: onnxruntime's words for an allocation it could not make (a size the request chose): BFC
+#: arena, plain malloc, and a size computation that overflowed 64 bits.
+_ALLOCATION_FAILED = ("Failed to allocate memory", "bad_alloc", "Integer overflow")
+_REQUESTED_SIZE = re.compile(r"buffer of size (\d+)")
+#: A failure inside a GPU provider is the server's, even while running a node.
+_GPU_WORDS = ("CUDA", "cuda", "TensorRT", "cuDNN", "CUBLAS", "cublas")
+
+
+def _runtime_error(model: str, version: str, exc: Exception, budget: int) -> ServingError:
     """onnxruntime refusing the values it was given is the client's error; the rest is ours.
-    Rendered as typed errors so a bad request never writes a traceback to the log."""
+
+    A run that could not allocate what the request's values asked for, or a node that failed
+    on them (a Reshape to a shape the data does not fit), is a 400; a provider failure stays a
+    500. Typed errors, so a bad request never writes a traceback to the log."""
     text = str(exc)
+    if any(words in text for words in _ALLOCATION_FAILED):
+        size = _REQUESTED_SIZE.search(text)
+        needed = (f"{int(size[1])} bytes of memory" if size else
+                  "more than 2**64 bytes" if "overflow" in text else
+                  "more memory than this process can have")
+        return InvalidInput(
+            f"model '{model}' version '{version}': this request asks for {needed}, which "
+            f"could not be allocated; the version's output budget is {budget} bytes "
+            "(max_output_bytes)")
     message = f"model '{model}' version '{version}' failed: {text[:500]}"
     if "INVALID_ARGUMENT" in text or type(exc).__name__ in ("InvalidArgument", "ValueError"):
         return InvalidInput(message)
+    if type(exc).__name__ == "Fail" and "while running" in text and not any(
+            w in text for w in _GPU_WORDS):
+        return InvalidInput(message)
     return ServerFault(message)
+
+
+def _opens(route: ModelRoute | None, api_key: str | None) -> bool:
+    """Whether the caller may read about this route: it has no keys, or the caller's is one."""
+    if route is None or not route.api_key_hashes:
+        return True
+    return bool(api_key) and api_key_hash(api_key) in route.api_key_hashes
 
 
 def _authorize(route: ModelRoute, api_key: str | None) -> None:

@@ -11,6 +11,12 @@ from typing import Protocol, runtime_checkable
 
 from serving.errors import NotSupported
 
+#: A replica's default output budget per request and version (MMC_MAX_OUTPUT_BYTES): the
+#: largest answer a request may make a model produce. 256 MiB holds a batch of 8 FP32
+#: segmentation maps at 21 x 512 x 512 (176 MB) while bounding a JSON answer's text (~10
+#: bytes per float: ~700 MB at 64 Mi floats) to what a small replica can hold briefly.
+DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024 * 1024
+
 
 def api_key_hash(raw: str) -> str:
     """How a predict key is stored by the registry and checked by replicas: one definition, so
@@ -45,6 +51,9 @@ class VersionSpec:
     # shared engine cache, so a replica reuses the engine a build job made for the same GPU.
     trt_precision: str = "fp32"
     trt_cache_root: str | None = None
+    # The most bytes of outputs one request may get (larger: a 400 naming it); 0 = the
+    # replica's default (DEFAULT_MAX_OUTPUT_BYTES unless MMC_MAX_OUTPUT_BYTES says otherwise).
+    max_output_bytes: int = 0
 
     @property
     def key(self) -> tuple[str, str]:

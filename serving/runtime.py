@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from serving.dtypes import NUMPY_DTYPES
+from serving.errors import InvalidInput
 
 TENSORRT = "TensorrtExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -107,10 +108,25 @@ def example_inputs(signature: dict, batch: int = 1) -> dict[str, np.ndarray]:
     return feeds
 
 
-def _to_str(a: np.ndarray) -> np.ndarray:
-    """onnxruntime takes string tensors as str and str()s bytes (b'x' becomes "b'x'")."""
-    flat = [v.decode("utf-8") if isinstance(v, bytes | bytearray) else v for v in a.ravel()]
+def _to_str(a: np.ndarray, name: str = "") -> np.ndarray:
+    """onnxruntime takes string tensors as str and str()s bytes (b'x' becomes "b'x'"); bytes
+    that are not UTF-8 cannot be a string tensor, which is the sender's error (InvalidInput)."""
+    try:
+        flat = [v.decode("utf-8") if isinstance(v, bytes | bytearray) else v for v in a.ravel()]
+    except UnicodeDecodeError:
+        bad = next(i for i, v in enumerate(a.ravel()) if isinstance(v, bytes | bytearray)
+                   and not _is_utf8(v))
+        raise InvalidInput(f"input '{name}': BYTES element {bad} is not valid UTF-8 (the "
+                           "model takes text)") from None
     return np.array(flat, dtype=object).reshape(a.shape)
+
+
+def _is_utf8(raw: bytes | bytearray) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _to_bytes(a: np.ndarray) -> np.ndarray:
@@ -163,6 +179,7 @@ class OnnxRuntime:
         self._output_names: list[str] = []
         self._string_inputs: frozenset[str] = frozenset()
         self._string_outputs: frozenset[str] = frozenset()
+        self._run_options = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -180,7 +197,23 @@ class OnnxRuntime:
         so.add_session_config_entry("session.intra_op.allow_spinning",
                                     "1" if self.allow_spinning else "0")
         so.log_severity_level = 3
+        # No CPU arena: it keeps the peak of every run for good (a 400 MB answer left RSS
+        # 1.1 GB higher; shrinkage at the end of a run cannot free the outputs still in use),
+        # while plain malloc gives large blocks back at once. Paired runs measured the cost
+        # within noise: MLP batch 1 and 32 about 1 %, the conv net at batch 8 about 4 %.
+        so.enable_cpu_mem_arena = False
         return so
+
+    @staticmethod
+    def _make_run_options():
+        import onnxruntime as ort
+
+        ro = ort.RunOptions()
+        # A run that fails raises, and the data plane answers for it (a 400 for what the
+        # request chose, logged as a fault otherwise): onnxruntime's own line would let any
+        # client write to the log at will.
+        ro.log_severity_level = 4
+        return ro
 
     def _provider_entry(self, name: str) -> str | tuple[str, dict]:
         if name == TENSORRT:
@@ -231,6 +264,7 @@ class OnnxRuntime:
         n = self.instance_count if self.providers[0] != CPU else 1
         self._sessions = [first] + [self._create(self.providers) for _ in range(n - 1)]
         self._next = itertools.cycle(self._sessions).__next__
+        self._run_options = self._make_run_options()
         self.input_meta = [_meta(i) for i in first.get_inputs()]
         self.output_meta = [_meta(o) for o in first.get_outputs()]
         self._output_names = [m["name"] for m in self.output_meta]
@@ -253,6 +287,15 @@ class OnnxRuntime:
 
     # -- inference -------------------------------------------------------------------------
 
+    def text_inputs(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`inputs` with every string input's bytes decoded as onnxruntime needs them; an
+        element that is not UTF-8 is an InvalidInput naming it. The data plane calls this per
+        request before batching, so one bad request cannot fail the batch it would join."""
+        if not self._string_inputs:
+            return inputs
+        return {k: (_to_str(v, k) if k in self._string_inputs and v.dtype == object else v)
+                for k, v in inputs.items()}
+
     def predict(
         self, inputs: dict[str, np.ndarray], output_names: list[str] | None = None
     ) -> dict[str, np.ndarray]:
@@ -260,10 +303,9 @@ class OnnxRuntime:
         if self._next is None:
             raise RuntimeError("model is not loaded")
         if self._string_inputs:
-            inputs = {k: (_to_str(v) if k in self._string_inputs and v.dtype == object else v)
-                      for k, v in inputs.items()}
+            inputs = self.text_inputs(inputs)
         names = output_names or self._output_names
-        results = self._next().run(names, inputs)
+        results = self._next().run(names, inputs, self._run_options)
         out = dict(zip(names, results, strict=True))
         if self._string_outputs:
             for k in self._string_outputs.intersection(out):

@@ -4,7 +4,8 @@
     <root>/<model>/config.json          (optional)
 
 config.json keys (all optional): max_batch_size, preferred_batch_sizes, max_queue_delay_us,
-max_queue_size, instance_count, intra_op_threads, trt_precision (fp32|fp16; engines are cached
+max_queue_size, instance_count, intra_op_threads, max_output_bytes (0: the replica's
+default, $MMC_MAX_OUTPUT_BYTES), trt_precision (fp32|fp16; engines are cached
 under $MMC_TRT_CACHE_DIR or <root>/.trt-cache), stable (default: the highest version),
 candidate + candidate_weight, shadow, api_key_sha256 (list of hex digests). Every version found
 is loaded (pinnable); unpinned traffic goes to the stable (and candidate). Load/unload through
@@ -143,6 +144,7 @@ class RepositorySource(ReadOnlySource):
             intra_op_threads=int(config.get("intra_op_threads", self.intra_op_threads)),
             trt_precision=str(config.get("trt_precision", "fp32")),
             trt_cache_root=os.environ.get("MMC_TRT_CACHE_DIR") or str(self.root / ".trt-cache"),
+            max_output_bytes=int(config.get("max_output_bytes", 0)),
         )
 
     def _describe(self, path: Path) -> tuple[str, dict]:

@@ -77,8 +77,8 @@ class VersionSerializer(serializers.ModelSerializer):
                   "original_filename", "signature", "metadata", "validation_report",
                   "max_batch_size", "preferred_batch_sizes", "max_queue_delay_us",
                   "max_queue_size", "instance_count", "intra_op_threads",
-                  "graph_optimization_level", "aliases", "created_by", "created_at",
-                  "artifact_url"]
+                  "graph_optimization_level", "max_output_bytes", "aliases", "created_by",
+                  "created_at", "artifact_url"]
 
     def get_aliases(self, obj) -> list[str]:
         return [a.name for a in obj.aliases.all()]
@@ -94,6 +94,9 @@ class VersionConfigSerializer(serializers.Serializer):
     max_queue_size = serializers.IntegerField(required=False)
     instance_count = serializers.IntegerField(required=False)
     intra_op_threads = serializers.IntegerField(required=False)
+    max_output_bytes = serializers.IntegerField(
+        required=False, help_text="the most bytes of outputs one request may get; 0 = the "
+        "replica's default (MMC_MAX_OUTPUT_BYTES)")
     # A CharField, not a ChoiceField: the service judges the value and words the error.
     graph_optimization_level = serializers.CharField(
         required=False, help_text=GraphOptimizationLevel.help_lines())

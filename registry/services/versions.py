@@ -20,6 +20,7 @@ CONFIG_FIELDS = {
     "max_queue_size": (int, 1, 1 << 20),
     "instance_count": (int, 1, 16),
     "intra_op_threads": (int, 0, 256),
+    "max_output_bytes": (int, 0, 1 << 40),  # 0 = the replica's default (MMC_MAX_OUTPUT_BYTES)
 }
 
 
