@@ -194,7 +194,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["registry.api.permissions.RolePermission"],
     "DEFAULT_PAGINATION_CLASS": "registry.api.pagination.Pagination",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "registry.api.schema.AutoSchema",  # + the error answers
+    "DEFAULT_PARSER_CLASSES": ["registry.api.parsers.JSONParser"],  # bounded size and depth
     "EXCEPTION_HANDLER": "registry.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
@@ -214,6 +215,12 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Three models have a `status`: name each enumeration after its own set.
+    "ENUM_NAME_OVERRIDES": {
+        "VersionStatusEnum": "registry.choices.VersionStatus",
+        "JobStatusEnum": "registry.models.JobStatus",
+        "WebhookDeliveryStatusEnum": "registry.models.DeliveryStatus",
+    },
 }
 
 # Celery (clustered only; embedded mode runs tasks on an in-process worker thread).

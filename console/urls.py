@@ -25,3 +25,9 @@ urlpatterns = [
          name="docs"),
     path("", include("console.urls_ui")),
 ]
+
+# Errors Django answers itself: JSON under /api/, the console's pages elsewhere.
+handler400 = "registry.api.errors.bad_request"
+handler403 = "registry.api.errors.permission_denied"
+handler404 = "registry.api.errors.page_not_found"
+handler500 = "registry.api.errors.server_error"

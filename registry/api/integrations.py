@@ -7,12 +7,13 @@ from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers, status
 from rest_framework.negotiation import DefaultContentNegotiation
-from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry import selectors
-from registry.api.serializers import VersionSerializer
+from registry.api.parsers import JSONParser
+from registry.api.schema import errors
+from registry.api.serializers import VersionSerializer, username
 from registry.api.views import actor, valid
 from registry.errors import InvalidRequest, NotFound
 from registry.integrations.export import FORMATS, parse_versions, stream_tar_gz, triton_export
@@ -26,7 +27,8 @@ from registry.services import webhooks as hooks
 
 
 class IgnoreFormatParameter(DefaultContentNegotiation):
-    """`?format=triton` names the archive format, not a DRF renderer; errors still render JSON."""
+    """`?format=` names the archive's (triton) or a dataset's format (npy), not a DRF renderer;
+    without this, DRF answers an unknown renderer format with a 404."""
 
     def select_renderer(self, request, renderers, format_suffix=None):
         return renderers[0], renderers[0].media_type
@@ -43,7 +45,7 @@ class ModelExportView(APIView):
             OpenApiParameter("kind", str, enum=["auto", "cpu", "gpu"], description=(
                 "instance_group kind; auto: GPU when validation ran on a GPU provider")),
         ],
-        responses={(200, "application/gzip"): bytes})
+        responses={(200, "application/gzip"): bytes, **errors(409)})
     def get(self, request, name):
         """A Triton model repository (.tar.gz): <model>/config.pbtxt and <model>/<n>/model.onnx."""
         fmt = request.query_params.get("format", "")
@@ -65,10 +67,17 @@ class TensorRTBuildSerializer(serializers.Serializer):
     precision = serializers.ChoiceField(choices=PRECISIONS, default="fp16")
 
 
+class TensorRTStatusSerializer(serializers.Serializer):
+    model = serializers.CharField()
+    version = serializers.IntegerField()
+    tensorrt = serializers.DictField(child=serializers.JSONField(),
+                                     help_text="per precision: status, build time, engine")
+
+
 class VersionTensorRTView(APIView):
     parser_classes = [JSONParser]
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses=TensorRTStatusSerializer)
     def get(self, request, name, number):
         """Engine build status per precision (also in the version detail's validation_report)."""
         version = selectors.version_get(name, number)
@@ -88,9 +97,9 @@ class VersionTensorRTView(APIView):
 
 
 class WebhookSerializer(serializers.ModelSerializer):
-    model = serializers.CharField(source="model.name", default=None, read_only=True)
-    created_by = serializers.CharField(source="created_by.username", default=None,
-                                       read_only=True)
+    model = serializers.CharField(source="model.name", default=None, read_only=True,
+                                  allow_null=True, help_text="null: every model")
+    created_by = username("created_by")
 
     class Meta:
         model = WebhookSubscription
@@ -108,6 +117,17 @@ class WebhookWriteSerializer(serializers.Serializer):
     active = serializers.BooleanField(required=False)
     secret = serializers.CharField(required=False, min_length=16, max_length=200,
                                    help_text="HMAC key; generated when omitted on create")
+
+
+class WebhookCreateSerializer(WebhookWriteSerializer):
+    url = serializers.CharField(max_length=500, help_text="where the signed events go")
+
+
+class WebhookCreatedSerializer(WebhookSerializer):
+    secret = serializers.CharField(read_only=True, help_text="the signing secret, shown once")
+
+    class Meta(WebhookSerializer.Meta):
+        fields = [*WebhookSerializer.Meta.fields, "secret"]
 
 
 class WebhookAttemptSerializer(serializers.Serializer):
@@ -140,15 +160,12 @@ class WebhookListView(_AdminOnly, generics.ListAPIView):
     def get_queryset(self):
         return WebhookSubscription.objects.select_related("model", "created_by")
 
-    @extend_schema(request=WebhookWriteSerializer, responses={201: WebhookSerializer})
+    @extend_schema(request=WebhookCreateSerializer, responses={201: WebhookCreatedSerializer})
     def post(self, request):
         """Subscribe a URL; the answer shows the signing secret, once."""
-        data = valid(WebhookWriteSerializer, request.data)
-        if not data.get("url"):
-            raise InvalidRequest("url is required", field="url")
+        data = valid(WebhookCreateSerializer, request.data)
         sub = hooks.webhook_create(actor=actor(request), **data)
-        return Response({**WebhookSerializer(sub).data, "secret": sub.secret},
-                        status=status.HTTP_201_CREATED)
+        return Response(WebhookCreatedSerializer(sub).data, status=status.HTTP_201_CREATED)
 
 
 def _webhook(pk: int) -> WebhookSubscription:
@@ -171,6 +188,7 @@ class WebhookDetailView(_AdminOnly, APIView):
         sub = hooks.webhook_update(webhook_id=pk, actor=actor(request), **data)
         return Response(WebhookSerializer(sub).data)
 
+    @extend_schema(responses={204: None})
     def delete(self, request, pk):
         hooks.webhook_delete(webhook_id=pk, actor=actor(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -190,6 +208,8 @@ class WebhookDeliveryListView(_AdminOnly, generics.ListAPIView):
     serializer_class = WebhookDeliverySerializer
 
     def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # drf-spectacular, building the schema
+            return WebhookDelivery.objects.none()
         sub = _webhook(self.kwargs["pk"])
         qs = sub.deliveries.prefetch_related("attempt_log")
         for key in ("status", "event"):

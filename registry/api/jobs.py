@@ -17,11 +17,15 @@ from django.http import FileResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers, status
 from rest_framework.exceptions import APIException
-from rest_framework.parsers import FileUploadParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FileUploadParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry import selectors
+from registry.api.integrations import IgnoreFormatParameter
+from registry.api.parsers import JSONParser
+from registry.api.schema import errors
+from registry.api.serializers import username
 from registry.api.uploads import DatasetUploadHandler
 from registry.api.views import actor, valid
 from registry.errors import InvalidRequest, LifecycleError, NotFound, PayloadTooLarge
@@ -39,7 +43,7 @@ class Gone(APIException):
 
 
 class DatasetSerializer(serializers.ModelSerializer):
-    created_by = serializers.CharField(source="created_by.username", default=None)
+    created_by = username("created_by")
 
     class Meta:
         model = Dataset
@@ -51,7 +55,7 @@ class JobSerializer(serializers.ModelSerializer):
     model = serializers.CharField(source="version.model.name")
     version = serializers.IntegerField(source="version.number")
     dataset = serializers.UUIDField(source="dataset_id", allow_null=True)
-    created_by = serializers.CharField(source="created_by.username", default=None)
+    created_by = username("created_by")
     progress = serializers.SerializerMethodField()
     status_url = serializers.SerializerMethodField()
     result_url = serializers.SerializerMethodField()
@@ -175,6 +179,7 @@ class DatasetListView(JobsPermission, generics.ListAPIView):
 
 class DatasetUploadView(JobsPermission, APIView):
     parser_classes = [FileUploadParser]
+    content_negotiation_class = IgnoreFormatParameter  # ?format= is the dataset's
 
     @extend_schema(request={"application/octet-stream": bytes},
                    parameters=[OpenApiParameter("filename", str), OpenApiParameter("format", str)],
@@ -202,7 +207,7 @@ class DatasetDetailView(JobsPermission, APIView):
 class BatchView(JobsPermission, APIView):
     parser_classes = [JSONParser]
 
-    @extend_schema(request=BatchSerializer, responses={202: JobSerializer})
+    @extend_schema(request=BatchSerializer, responses={202: JobSerializer, **errors(410)})
     def post(self, request, name):
         """Transform a dataset with a version (default: the stable one)."""
         data = valid(BatchSerializer, request.data)
@@ -241,7 +246,7 @@ class JobCancelView(JobsPermission, APIView):
 
 
 class JobResultView(JobsPermission, APIView):
-    @extend_schema(responses={(200, "application/octet-stream"): bytes})
+    @extend_schema(responses={(200, "application/octet-stream"): bytes, **errors(409, 410)})
     def get(self, request, job_id):
         """The v2 response of an async job (with its headers), or a batch job's output file."""
         job = selectors.job_get(job_id)

@@ -6,18 +6,15 @@ from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
-from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry import selectors, services
-from registry.api.views import actor, endpoint_response, valid
+from registry.api.parsers import JSONParser
+from registry.api.serializers import EndpointSerializer
+from registry.api.views import WAIT, actor, endpoint_response, valid
 from registry.choices import RollbackOrder
 from registry.metrics import latest_shadow
-from registry.services.deployments import endpoint_state
-
-WAIT = OpenApiParameter("wait", float, description=(
-    "seconds to wait until every live replica applied the change"))
 
 
 class ReasonSerializer(serializers.Serializer):
@@ -27,7 +24,8 @@ class ReasonSerializer(serializers.Serializer):
 class CanarySerializer(ReasonSerializer):
     version = serializers.IntegerField(min_value=1)
     weight = serializers.IntegerField(min_value=0, max_value=100, default=0)
-    plan = serializers.JSONField(required=False, default=None)
+    plan = serializers.JSONField(required=False, allow_null=True, default=None, help_text=(
+        "automated analysis: steps, bake time, guards (null: weights by hand)"))
     override = serializers.BooleanField(default=False, help_text=(
         "admin only: start despite signature differences (needs a reason)"))
 
@@ -47,10 +45,7 @@ class RollbackSerializer(VersionReasonSerializer):
 
 
 def rollout_response(name: str, request, ep):
-    response = endpoint_response(name, request, ep.revision)
-    response.data["state"] = endpoint_state(ep)
-    response.data["warm_versions"] = ep.warm_versions
-    return response
+    return endpoint_response(name, request, ep.revision)
 
 
 class _Op(APIView):
@@ -69,11 +64,16 @@ class _Op(APIView):
 
 
 def op(service, serializer=ReasonSerializer, doc: str = "", **fields) -> type[_Op]:
-    view = type(f"{service.__name__.title().replace('_', '')}View", (_Op,), {
-        "serializer_class": serializer, "service": staticmethod(service), "fields": fields})
-    view.post = extend_schema(request=serializer, parameters=[WAIT], description=doc or (
-        service.__doc__ or ""))(view.post)
-    return view
+    def post(self, request, name):
+        return _Op.post(self, request, name)
+
+    # A post of its own: extend_schema annotates the function it is given, and one shared
+    # _Op.post would leave every operation documented with the last one's body.
+    post = extend_schema(request=serializer, responses=EndpointSerializer, parameters=[WAIT],
+                         description=doc or service.__doc__ or "")(post)
+    return type(f"{service.__name__.title().replace('_', '')}View", (_Op,), {
+        "serializer_class": serializer, "service": staticmethod(service), "fields": fields,
+        "post": post})
 
 
 CanaryView = op(services.canary_start, CanarySerializer, version="version_number")
@@ -91,17 +91,25 @@ SwitchBackView = op(services.bluegreen_switch_back,
 BlueGreenFinishView = op(services.bluegreen_finish)
 
 
+class ShadowSerializer(serializers.Serializer):
+    model = serializers.CharField()
+    shadow = serializers.IntegerField(allow_null=True, help_text="the shadow version, if any")
+    comparison = serializers.JSONField(allow_null=True, help_text=(
+        "the newest shadow-vs-live comparison a replica reported"))
+
+
 class ShadowView(APIView):
     parser_classes = [JSONParser]
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses=ShadowSerializer)
     def get(self, request, name):
         """The shadow version and the newest comparison a replica reported for it."""
         ep = selectors.endpoint_get(selectors.model_get(name))
         shadow = ep.shadow.number if ep and ep.shadow else None
         return Response({"model": name, "shadow": shadow, "comparison": latest_shadow(name)})
 
-    @extend_schema(request=VersionReasonSerializer, parameters=[WAIT])
+    @extend_schema(request=VersionReasonSerializer, responses=EndpointSerializer,
+                   parameters=[WAIT])
     def post(self, request, name):
         """Mirror live traffic to a version; answers recorded, never returned."""
         data = valid(VersionReasonSerializer, request.data)
@@ -109,8 +117,11 @@ class ShadowView(APIView):
                                    reason=data["reason"], actor=actor(request))
         return rollout_response(name, request, ep)
 
-    @extend_schema(parameters=[WAIT])
+    @extend_schema(responses={200: EndpointSerializer}, parameters=[
+        WAIT, OpenApiParameter("reason", str, description="why, for the audit log")])
     def delete(self, request, name):
+        """Stop mirroring; answers the endpoint like every other rollout operation (200), so
+        `?wait` can report the convergence."""
         ep = services.shadow_stop(model_name=name, actor=actor(request),
                                   reason=request.query_params.get("reason", ""))
         return rollout_response(name, request, ep)

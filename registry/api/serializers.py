@@ -16,10 +16,26 @@ def _number(version):
     return version.number if version is not None else None
 
 
+def username(source: str) -> serializers.CharField:
+    """The name of the user at `source` (owner, created_by); null for a system actor."""
+    return serializers.CharField(source=f"{source}.username", default=None, read_only=True,
+                                 allow_null=True)
+
+
+class ErrorSerializer(serializers.Serializer):
+    """What every error under /api/ answers (registry/api/errors.py)."""
+
+    error = serializers.CharField(help_text="what was wrong")
+    field = serializers.CharField(required=False, help_text="which field (when one was)")
+    fields = serializers.DictField(child=serializers.JSONField(), required=False,
+                                   help_text="each invalid field's messages")
+    details = serializers.JSONField(required=False, help_text="more, e.g. the refusing state")
+
+
 class ModelSerializer(serializers.ModelSerializer):
-    owner = serializers.CharField(source="owner.username", default=None, read_only=True)
+    owner = username("owner")
     version_count = serializers.IntegerField(read_only=True, default=0)
-    latest_version = serializers.IntegerField(read_only=True, default=None)
+    latest_version = serializers.IntegerField(read_only=True, default=None, allow_null=True)
     stable_version = serializers.SerializerMethodField()
     candidate_version = serializers.SerializerMethodField()
     candidate_weight = serializers.SerializerMethodField()
@@ -67,7 +83,7 @@ class ArchiveSerializer(serializers.Serializer):
 
 class VersionSerializer(serializers.ModelSerializer):
     model = serializers.CharField(source="model.name", read_only=True)
-    created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
+    created_by = username("created_by")
     aliases = serializers.SerializerMethodField()
     artifact_url = serializers.SerializerMethodField()
 
@@ -129,8 +145,24 @@ def _version_number(slot: str) -> serializers.IntegerField:
     return serializers.IntegerField(source=f"{slot}.number", read_only=True, allow_null=True)
 
 
+class LaggardSerializer(serializers.Serializer):
+    replica = serializers.CharField()
+    revision = serializers.IntegerField()
+
+
+class ConvergenceSerializer(serializers.Serializer):
+    """registry.convergence.wait_for_revision: whether every live replica applied `revision`."""
+
+    revision = serializers.IntegerField()
+    converged = serializers.BooleanField()
+    laggards = LaggardSerializer(many=True)
+    replicas = serializers.IntegerField()
+
+
 class EndpointSerializer(serializers.Serializer):
-    """An endpoint's routing (registry.routing.Routing) with version numbers."""
+    """An endpoint's routing (registry.routing.Routing) with version numbers. A model that was
+    never deployed answers the same shape, empty (an unsaved Endpoint: revision 0, no
+    updated_at)."""
 
     model = serializers.CharField(source="model.name")
     state = serializers.SerializerMethodField()
@@ -147,10 +179,20 @@ class EndpointSerializer(serializers.Serializer):
                                     help_text="automated analysis, blue-green, pending rollback")
     settings = serializers.JSONField(source="rollout_state",
                                      help_text="deprecated: the same as `rollout`")
-    updated_at = serializers.DateTimeField()
+    warm_versions = serializers.SerializerMethodField(
+        help_text="versions kept loaded without traffic, for an instant way back")
+    updated_at = serializers.DateTimeField(allow_null=True)
+    convergence = ConvergenceSerializer(required=False, help_text=(
+        "with ?wait on a change: whether every live replica applied it"))
 
     def get_state(self, obj) -> str:
         return obj.routing.state
+
+    def get_warm_versions(self, obj) -> list[int]:
+        if not obj.warm_versions:
+            return []
+        return sorted(ModelVersion.objects.filter(pk__in=obj.warm_versions)
+                      .values_list("number", flat=True))
 
 
 class ApiKeySerializer(serializers.ModelSerializer):
@@ -182,3 +224,49 @@ class AuditEventSerializer(serializers.ModelSerializer):
         model = AuditEvent
         fields = ["id", "created_at", "actor_name", "action", "target_type", "target",
                   "model_name", "before", "after", "reason", "request_id", "client_address"]
+
+
+class VersionUploadSerializer(VersionSerializer):
+    """An upload's answer: the version, and whether this upload created it."""
+
+    created = serializers.BooleanField(help_text="false: the same bytes were already a version")
+    detail = serializers.CharField(required=False, help_text="why nothing was created")
+
+    class Meta(VersionSerializer.Meta):
+        fields = [*VersionSerializer.Meta.fields, "created", "detail"]
+
+
+class MeSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    role = serializers.CharField(help_text="viewer, engineer or admin")
+
+
+class ApiKeyCreatedSerializer(ApiKeySerializer):
+    key = serializers.CharField(read_only=True, help_text="the key, shown once")
+
+    class Meta(ApiKeySerializer.Meta):
+        fields = [*ApiKeySerializer.Meta.fields, "key"]
+
+
+class TokenCreatedSerializer(TokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="the token, shown once")
+
+    class Meta(TokenSerializer.Meta):
+        fields = [*TokenSerializer.Meta.fields, "token"]
+
+
+class ReplicaSerializer(serializers.Serializer):
+    replica = serializers.CharField()
+    revision = serializers.IntegerField(help_text="the route revision it applied")
+    converged = serializers.BooleanField(help_text="it applied the current revision")
+    versions = serializers.JSONField(help_text="loaded versions: state, providers, queue")
+    degraded = serializers.CharField(help_text="why it is degraded; empty when it is not")
+    address = serializers.CharField()
+    started_at = serializers.DateTimeField()
+    last_seen = serializers.DateTimeField()
+
+
+class ReplicaListSerializer(serializers.Serializer):
+    revision = serializers.IntegerField(help_text="the current route revision")
+    replicas = ReplicaSerializer(many=True)
+    converged = serializers.IntegerField(help_text="how many replicas applied it")

@@ -55,7 +55,7 @@ urlpatterns = [
     path("jobs/<uuid:job_id>/result/", jobs.JobResultView.as_view(), name="job-result"),
     # Integrations: Triton export, TensorRT builds, webhooks.
     path(f"{MODEL}/export", integrations.ModelExportView.as_view(), name="model-export"),
-    path(f"{MODEL}/export/", integrations.ModelExportView.as_view()),
+    path(f"{MODEL}/export/", integrations.ModelExportView.as_view(schema=None)),  # undocumented
     path(f"{MODEL}/versions/<int:number>/tensorrt/", integrations.VersionTensorRTView.as_view(),
          name="version-tensorrt"),
     path("webhooks/", integrations.WebhookListView.as_view(), name="webhook-list"),

@@ -2,42 +2,48 @@
 
 from __future__ import annotations
 
-import json
+import math
 
 from django.conf import settings
 from django.http import FileResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
-from rest_framework.parsers import FileUploadParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FileUploadParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import APIView
 
 from registry import selectors, services
+from registry.api.parsers import JSONParser, loads
 from registry.api.serializers import (
     AliasSerializer,
     AliasSetSerializer,
+    ApiKeyCreatedSerializer,
     ApiKeySerializer,
     ArchiveSerializer,
     AuditEventSerializer,
     DeploySerializer,
     EndpointSerializer,
+    MeSerializer,
     ModelCreateSerializer,
     ModelSerializer,
     ModelUpdateSerializer,
     NameSerializer,
+    ReplicaListSerializer,
+    TokenCreatedSerializer,
     TokenCreateSerializer,
     TokenSerializer,
     UploadSerializer,
     VersionConfigSerializer,
     VersionSerializer,
+    VersionUploadSerializer,
 )
 from registry.api.uploads import StoreUploadHandler, discard_refused_blobs, remember_blob
 from registry.audit import Actor
 from registry.convergence import wait_for_revision
 from registry.errors import InvalidRequest, LifecycleError, PayloadTooLarge
 from registry.filtersets import AuditFilterSet, ModelFilterSet
-from registry.models import ApiToken
+from registry.models import ApiToken, Endpoint, ModelVersion
 from registry.notify import current_revision
 from registry.roles import role_of
 from registry.store.artifacts import default_store
@@ -53,18 +59,25 @@ def valid(serializer_class, data, **kwargs) -> dict:
     return ser.validated_data
 
 
+WAIT = OpenApiParameter("wait", float, description=(
+    "seconds (at most 120) to wait until every live replica applied the change"))
+
+
 def wait_seconds(request) -> float | None:
     raw = request.query_params.get("wait")
     if raw is None:
         return None
     try:
-        return float(raw)
+        seconds = float(raw)
     except ValueError:
-        raise InvalidRequest("wait must be a number of seconds", field="wait") from None
+        seconds = math.nan
+    if not math.isfinite(seconds):
+        raise InvalidRequest("wait must be a number of seconds", field="wait")
+    return seconds
 
 
 class MeView(APIView):
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses=MeSerializer)
     def get(self, request):
         return Response({"username": request.user.get_username(), "role": role_of(request.user)})
 
@@ -119,12 +132,7 @@ def _check_uploadable(request, name: str) -> None:
 def _metadata(raw) -> dict | None:
     if raw in (None, ""):
         return None
-    if isinstance(raw, dict):
-        return raw
-    try:
-        value = json.loads(raw)
-    except (TypeError, ValueError):
-        raise InvalidRequest("metadata is not valid JSON", field="metadata") from None
+    value = loads(raw, what="metadata", field="metadata")  # bounded: depth, never recursion
     if not isinstance(value, dict):
         raise InvalidRequest("metadata must be a JSON object", field="metadata")
     return value
@@ -155,6 +163,8 @@ class VersionListView(DiscardsRefusedUpload, generics.ListAPIView):
     parser_classes = [MultiPartParser]
 
     def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # drf-spectacular, building the schema
+            return ModelVersion.objects.none()
         return selectors.version_list(selectors.model_get(self.kwargs["name"]))
 
     def initial(self, request, *args, **kwargs):
@@ -166,7 +176,7 @@ class VersionListView(DiscardsRefusedUpload, generics.ListAPIView):
         super().initial(request, *args, **kwargs)
 
     @extend_schema(request={"multipart/form-data": UploadSerializer},
-                   responses={201: VersionSerializer, 200: VersionSerializer})
+                   responses={201: VersionUploadSerializer, 200: VersionUploadSerializer})
     def post(self, request, name):
         """Upload a version (multipart field `file`, optional `metadata` JSON)."""
         _check_uploadable(request, name)
@@ -186,7 +196,7 @@ class VersionRawUploadView(DiscardsRefusedUpload, APIView):
     @extend_schema(
         request={"application/octet-stream": bytes},
         parameters=[OpenApiParameter("filename", str), OpenApiParameter("metadata", str)],
-        responses={201: VersionSerializer, 200: VersionSerializer},
+        responses={201: VersionUploadSerializer, 200: VersionUploadSerializer},
     )
     def put(self, request, name):
         """Upload a version as the raw request body (curl --upload-file)."""
@@ -210,6 +220,8 @@ class VersionDetailView(APIView):
     @extend_schema(request=VersionConfigSerializer, responses=VersionSerializer)
     def patch(self, request, name, number):
         """Change serving settings (batching, instances, threads); other fields are immutable."""
+        if not isinstance(request.data, dict):
+            raise InvalidRequest("the body must be a JSON object of serving settings")
         allowed = set(VersionConfigSerializer().fields)
         immutable = set(request.data) - allowed
         if immutable:
@@ -248,14 +260,15 @@ class AliasDetailView(APIView):
                                  actor=actor(request))
         return Response(AliasSerializer(obj).data)
 
+    @extend_schema(responses={204: None})
     def delete(self, request, name, alias):
         services.alias_remove(model_name=name, alias=alias, actor=actor(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 def endpoint_response(name: str, request, revision: int | None = None) -> Response:
-    ep = selectors.endpoint_get(selectors.model_get(name))
-    body = EndpointSerializer(ep).data if ep else {"model": name, "stable": None, "revision": 0}
+    model = selectors.model_get(name)
+    body = EndpointSerializer(selectors.endpoint_get(model) or Endpoint(model=model)).data
     seconds = wait_seconds(request)
     if seconds is not None and revision is not None:
         body["convergence"] = wait_for_revision(revision, seconds)
@@ -269,9 +282,7 @@ class EndpointView(APIView):
 
 
 class EndpointDeployView(APIView):
-    @extend_schema(request=DeploySerializer, responses=EndpointSerializer,
-                   parameters=[OpenApiParameter("wait", float, description=(
-                       "seconds to wait until every live replica applied the change"))])
+    @extend_schema(request=DeploySerializer, responses=EndpointSerializer, parameters=[WAIT])
     def post(self, request, name):
         """Make a ready version the stable one (version null: stop serving)."""
         data = valid(DeploySerializer, request.data)
@@ -287,7 +298,7 @@ class ApiKeyListView(APIView):
         keys = ep.api_keys.all() if ep else []
         return Response(ApiKeySerializer(keys, many=True).data)
 
-    @extend_schema(request=NameSerializer, responses={201: dict})
+    @extend_schema(request=NameSerializer, responses={201: ApiKeyCreatedSerializer})
     def post(self, request, name):
         data = valid(NameSerializer, request.data)
         key, raw = services.api_key_create(model_name=name, name=data["name"],
@@ -297,6 +308,7 @@ class ApiKeyListView(APIView):
 
 
 class ApiKeyDetailView(APIView):
+    @extend_schema(responses={204: None})
     def delete(self, request, name, prefix):
         services.api_key_revoke(model_name=name, prefix=prefix, actor=actor(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -332,7 +344,7 @@ class TokenListView(generics.ListAPIView):
         extra = [TokenCreateThrottle()] if self.request.method == "POST" else []
         return [*super().get_throttles(), *extra]
 
-    @extend_schema(request=TokenCreateSerializer, responses={201: dict})
+    @extend_schema(request=TokenCreateSerializer, responses={201: TokenCreatedSerializer})
     def post(self, request):
         """Create a named token for a user; the token is shown once."""
         data = valid(TokenCreateSerializer, request.data)
@@ -346,13 +358,14 @@ class TokenListView(generics.ListAPIView):
 class TokenDetailView(APIView):
     read_role = write_role = "admin"
 
+    @extend_schema(responses={204: None})
     def delete(self, request, token_key):
         services.token_revoke(token_key=token_key, actor=actor(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class ReplicaListView(APIView):
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses=ReplicaListSerializer)
     def get(self, request):
         revision = current_revision()
         rows = [{"replica": r.replica, "revision": r.revision, "converged": r.revision >= revision,
