@@ -227,6 +227,9 @@ class DynamicBatcher:
         execute = self._execute
         while (job := get()) is not None:
             execute(*job)
+            # Drop the batch now, not when the next one arrives: a large request's tensors
+            # must go with its answer.
+            job = None
 
     def _execute(self, loop: asyncio.AbstractEventLoop, batch: list[_Request]) -> None:
         """In a worker thread: merge, run, split; hand the outcome back to the loop."""

@@ -249,18 +249,12 @@ class DataPlane:
             lv.stats.record_failure(0)
             raise
         outputs = await self._run(model, lv, feeds)
-        try:
-            body, headers = encode_infer_response(
-                model_name=model, model_version=lv.version, request_id=request.id,
-                outputs=outputs, requested=request.outputs, binary_output=request.binary_output,
-                batched=lv.batched)
-            if route.shadow is not None and route.shadow != lv.version:
-                self._spawn(self._shadow(model, route.shadow, dict(feeds), dict(outputs)))
-        finally:
-            # The batcher's worker thread holds its last batch, these dicts with it, until it
-            # takes the next one: emptied now, a large request's memory goes with its answer.
-            feeds.clear()
-            outputs.clear()
+        body, headers = encode_infer_response(
+            model_name=model, model_version=lv.version, request_id=request.id,
+            outputs=outputs, requested=request.outputs, binary_output=request.binary_output,
+            batched=lv.batched)
+        if route.shadow is not None and route.shadow != lv.version:
+            self._spawn(self._shadow(model, route.shadow, feeds, outputs))
         return body, headers, lv
 
     async def _run(self, model: str, lv: LoadedVersion, feeds: dict) -> dict[str, np.ndarray]:
@@ -280,8 +274,6 @@ class DataPlane:
             raise error from None
         size = output_bytes(outputs)
         if size > budget:
-            feeds.clear()
-            outputs.clear()
             raise InvalidInput(
                 f"model '{model}' version '{lv.version}': this request's outputs are {size} "
                 f"bytes, over the version's output budget of {budget} bytes (max_output_bytes)")
