@@ -11,15 +11,12 @@ from django.views.decorators.http import require_GET, require_POST
 from registry import selectors
 from registry.integrations.tensorrt import BUILDING, PRECISIONS, QUEUED
 from registry.services import tensorrt as trt_services
+from registry.services.versions import SERVING_FIELDS
 
 from .. import tryit
 from ..forms import error_text
 from .access import requires, run_service
 from .models import found
-
-SERVING_FIELDS = ("max_batch_size", "preferred_batch_sizes", "max_queue_delay_us",
-                  "max_queue_size", "instance_count", "intra_op_threads",
-                  "graph_optimization_level")
 
 
 @require_GET

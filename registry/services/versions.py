@@ -14,6 +14,7 @@ from registry.store.artifacts import StoredBlob
 from registry.store.gc import lock_blob
 from serving.signature import batch_dimension
 
+#: Serving settings a version's owner may change after upload (int ones with their range).
 CONFIG_FIELDS = {
     "max_batch_size": (int, 0, 1 << 16),
     "max_queue_delay_us": (int, 0, 10_000_000),
@@ -22,6 +23,7 @@ CONFIG_FIELDS = {
     "intra_op_threads": (int, 0, 256),
     "max_output_bytes": (int, 0, 1 << 40),  # 0 = the replica's default (MMC_MAX_OUTPUT_BYTES)
 }
+SERVING_FIELDS = (*CONFIG_FIELDS, "preferred_batch_sizes", "graph_optimization_level")
 
 
 def version_upload(*, model_name: str, blob: StoredBlob, actor: Actor, filename: str = "",
@@ -60,8 +62,7 @@ def version_upload(*, model_name: str, blob: StoredBlob, actor: Actor, filename:
 
 def version_configure(*, model_name: str, number: int, actor: Actor, **changes) -> ModelVersion:
     """Change serving settings of a version (batching, instances, threads); replicas reload it."""
-    unknown = set(changes) - set(CONFIG_FIELDS) - {"preferred_batch_sizes",
-                                                   "graph_optimization_level"}
+    unknown = set(changes) - set(SERVING_FIELDS)
     if unknown:
         raise InvalidRequest(f"unknown setting(s): {', '.join(sorted(unknown))}",
                              field=sorted(unknown)[0])
