@@ -27,6 +27,7 @@ from serving.errors import (
     PayloadTooLarge,
     ServingError,
 )
+from serving.limits import BodyReader, RequestLimits
 from serving.reconciler import Reconciler
 from serving.routes import DEFAULT_MAX_OUTPUT_BYTES, DesiredStateSource
 from serving.stats import ServingCollector, render_metrics
@@ -54,6 +55,8 @@ class ServingSettings:
     providers: list[str] = field(default_factory=list)
     # per request and version, for versions that set none (serving.routes)
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    # header/body timeouts, buffered-body budget, connection cap (serving.limits)
+    limits: RequestLimits = field(default_factory=RequestLimits)
 
     @classmethod
     def from_env(cls, env: dict | None = None) -> ServingSettings:
@@ -65,6 +68,7 @@ class ServingSettings:
             intra_op_threads=int(e.get("MMC_ORT_INTRA_OP_THREADS", 0)),
             providers=[p for p in e.get("MMC_PROVIDERS", "").split(",") if p.strip()],
             max_output_bytes=int(e.get("MMC_MAX_OUTPUT_BYTES", cls.max_output_bytes)),
+            limits=RequestLimits.from_env(e),
         )
 
 
@@ -106,6 +110,7 @@ class ServingApp:
         self.reconciler = reconciler
         self.settings = settings
         self._limit = settings.max_body_bytes
+        self._reader = BodyReader(settings.limits)
         self._metrics = _Metrics(dataplane)
         self._started = False
         self._start_lock: asyncio.Lock | None = None
@@ -233,7 +238,7 @@ class ServingApp:
     async def _repository(self, scope, receive, send, parts: list[str], path: str) -> None:
         _method(scope["method"], "POST")
         n = len(parts)
-        body = await _read_body(receive, scope, 1 << 20)
+        body = await self._reader.read(receive, -1, 1 << 20)
         if n == 4 and parts[3] == "index":
             ready_only = False
             if body.strip():
@@ -279,7 +284,7 @@ class ServingApp:
         if length > limit:
             raise PayloadTooLarge(f"request body of {length} bytes exceeds the limit of "
                                   f"{limit} bytes")
-        body = await _read_body(receive, scope, limit)
+        body = await self._reader.read(receive, length, limit)
         if encoding is not None:
             body = decompress(body, encoding.decode("latin-1"), limit=limit)
         hlen = None
@@ -329,25 +334,6 @@ def _method(method: str, wanted: str) -> None:
     if method != wanted:
         raise MethodNotAllowed(f"method {method} not allowed here (use {wanted})",
                                headers={"Allow": wanted})
-
-
-async def _read_body(receive: Receive, scope: Scope, limit: int) -> bytes:
-    message = await receive()
-    body = message.get("body", b"")
-    if not message.get("more_body"):
-        if len(body) > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        return body
-    parts = [body]
-    size = len(body)
-    while message.get("more_body"):
-        message = await receive()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 def _api_key(headers: list[tuple[bytes, bytes]]) -> str | None:

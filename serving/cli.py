@@ -13,6 +13,7 @@ import socket
 _ENV_REPO = "MMC_SERVE_MODEL_REPOSITORY"
 _ENV_REGISTRY = "MMC_SERVE_REGISTRY"
 _ENV_REPLICA = "MMC_SERVE_REPLICA"
+_PROTOCOL = "serving.protocol:GuardedHttpToolsProtocol"
 
 
 def _source(repository: str | None, registry: bool):
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
         os.environ[_ENV_REGISTRY] = "1"
     else:
         os.environ[_ENV_REPO] = os.path.abspath(args.model_repository)
-    options = dict(host=args.host, port=args.port, loop="uvloop", http="httptools",
+    # httptools plus header timeout, header size and connection caps (serving.protocol)
+    options = dict(host=args.host, port=args.port, loop="uvloop", http=_PROTOCOL,
                    lifespan="on", access_log=False, log_level=args.log_level,
                    timeout_graceful_shutdown=5)
     if args.workers > 1:

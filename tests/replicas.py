@@ -27,7 +27,8 @@ class Replica:
         self.url = f"http://127.0.0.1:{self.port}"
         if embedded:
             cmd = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--port",
-                   str(self.port), "--lifespan", "on", "--no-access-log", "--log-level", "warning"]
+                   str(self.port), "--lifespan", "on", "--no-access-log", "--log-level", "warning",
+                   "--http", "serving.protocol:GuardedHttpToolsProtocol"]  # as `manage.py start`
             env.setdefault("MMC_EMBED_SERVING", "1")
             env.setdefault("MMC_REPLICA", name)
         else:

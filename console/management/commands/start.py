@@ -41,7 +41,8 @@ class Command(BaseCommand):
         self.stdout.write(f"Console and serving on http://{host}:{port}/  "
                           f"(v2 inference under /v2, API docs at /api/docs/)")
         uvicorn.run("console.asgi:application", host=host, port=port, loop="uvloop",
-                    http="httptools", access_log=False, lifespan="on")
+                    http="serving.protocol:GuardedHttpToolsProtocol", access_log=False,
+                    lifespan="on")
 
     def _admin(self) -> None:
         User = get_user_model()

@@ -1,0 +1,118 @@
+"""uvicorn's httptools protocol with the bounds it lacks: a deadline for a request's headers,
+a cap on their size, and a cap on open connections.
+
+uvicorn arms no timer before a request's headers are complete (only keep-alive, after a
+response), and httptools accepts headers of any size, so without these a client that sends a
+byte a second, or megabytes of headers, holds its connection and memory for as long as it likes.
+Use it with `uvicorn.run(..., http=GuardedHttpToolsProtocol)` or
+`uvicorn --http serving.protocol:GuardedHttpToolsProtocol`; limits come from the environment
+(serving.limits.RequestLimits). The body side is the app's (serving.limits.BodyReader).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from serving.limits import RequestLimits
+
+
+def _raw_response(status: str, message: str) -> bytes:
+    body = orjson.dumps({"error": message})
+    return b"".join([b"HTTP/1.1 ", status.encode(), b"\r\ncontent-type: application/json\r\n",
+                     b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body), body])
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """HttpToolsProtocol plus a header deadline (408), a header size cap (431) and a
+    connection cap (503).
+
+    Per request it adds one check after each read: is a request's head still incomplete
+    (uvicorn's scope has no "method" until on_headers_complete)? A request that arrives in one
+    read never arms a timer; a connection's one timer re-arms itself while heads trickle in.
+    """
+
+    limits: RequestLimits | None = None  # read from the environment at the first connection
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        HttpToolsProtocol.connection_made(self, transport)
+        limits = type(self).limits
+        if limits is None:
+            limits = type(self).limits = RequestLimits.from_env()
+        self._limits = limits
+        self._timed_scope: dict | None = None  # the head the clock below belongs to
+        self._head_since = self.loop.time()  # the first head's clock starts at connect
+        self._head_bytes = 0
+        self._header_timer: asyncio.TimerHandle | None = None
+        if limits.max_connections and len(self.connections) > limits.max_connections:
+            self.app = _over_connection_cap  # answers the first request with 503 and closes
+        if limits.header_timeout_s > 0:  # an idle new connection is a slow header sender too
+            self._header_timer = self.loop.call_later(limits.header_timeout_s,
+                                                      self._header_deadline)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        timer = getattr(self, "_header_timer", None)
+        if timer is not None:
+            timer.cancel()
+            self._header_timer = None
+        HttpToolsProtocol.connection_lost(self, exc)
+
+    def data_received(self, data: bytes) -> None:
+        HttpToolsProtocol.data_received(self, data)
+        scope = self.scope
+        if scope is not None and "method" not in scope and not self.transport.is_closing():
+            self._head_in_progress(scope, len(data))
+
+    def _head_in_progress(self, scope: dict, n: int) -> None:
+        """This read ended inside a request's head: count it, and make sure a clock runs."""
+        limits = self._limits
+        if scope is not self._timed_scope:  # a new head (the first one keeps the connect time)
+            if self._timed_scope is not None:
+                self._head_since = self.loop.time()
+            self._timed_scope = scope
+            self._head_bytes = 0
+        self._head_bytes += n
+        if limits.max_header_bytes and self._head_bytes > limits.max_header_bytes:
+            self._refuse("431 Request Header Fields Too Large",
+                         f"request headers exceed {limits.max_header_bytes} bytes")
+        elif self._header_timer is None and limits.header_timeout_s > 0:
+            self._header_timer = self.loop.call_at(self._head_since + limits.header_timeout_s,
+                                                   self._header_deadline)
+
+    def _header_deadline(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        scope = self.scope
+        if scope is None:  # connected and sent nothing
+            self.transport.close()
+            return
+        if "method" in scope:  # heads complete; a trickling next one arms the clock again
+            return
+        timeout = self._limits.header_timeout_s
+        if scope is self._timed_scope:
+            left = self._head_since + timeout - self.loop.time()
+            if left <= 0:
+                self._refuse("408 Request Timeout",
+                             f"request headers not complete within {timeout:g} s")
+                return
+        else:  # a head began but has not ended a read yet: time it from now
+            self._timed_scope, self._head_since, self._head_bytes = scope, self.loop.time(), 0
+            left = timeout
+        self._header_timer = self.loop.call_later(left, self._header_deadline)
+
+    def _refuse(self, status: str, message: str) -> None:
+        self.transport.write(_raw_response(status, message))
+        self.transport.close()
+
+
+async def _over_connection_cap(scope, receive, send) -> None:
+    limit = GuardedHttpToolsProtocol.limits.max_connections
+    body = orjson.dumps({"error": f"the server has its maximum of {limit} connections open: "
+                                  "retry shortly"})
+    await send({"type": "http.response.start", "status": 503, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+        (b"retry-after", b"1"), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
