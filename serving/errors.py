@@ -69,6 +69,26 @@ class PayloadTooLarge(ServingError):
     status = 413
 
 
+class RequestTimeout(ServingError):
+    """The body stopped arriving (or arrives slower than the minimum rate); the connection
+    closes after this answer, so the client's half-sent body is not read on."""
+
+    status = 408
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Connection": "close"})
+
+
+class BodyBudgetExhausted(ServingError):
+    """Taking this body would push the process's buffered request bytes over its budget."""
+
+    status = 503
+
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after),
+                                           "Connection": "close"})
+
+
 class ModelNotReady(ServingError):
     """The model exists but is not loaded (or is draining); clients may retry."""
 

@@ -15,7 +15,7 @@ import functools
 import os
 from dataclasses import dataclass
 
-from serving.errors import InvalidInput, PayloadTooLarge, ServingError
+from serving.errors import BodyBudgetExhausted, InvalidInput, PayloadTooLarge, RequestTimeout
 
 #: Bodies up to this size stay outside the budget: the server reads this much per connection
 #: before it stops reading (uvicorn's flow-control high-water mark), so the connection cap
@@ -53,26 +53,6 @@ class RequestLimits:
                                                  cls.buffered_body_budget_bytes)),
             max_connections=int(e.get("MMC_MAX_CONNECTIONS", cls.max_connections)),
         )
-
-
-class RequestTimeout(ServingError):
-    """The body stopped arriving (or arrives slower than the minimum rate); the connection
-    closes after this answer, so the client's half-sent body is not read on."""
-
-    status = 408
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, headers={"Connection": "close"})
-
-
-class BodyBudgetExhausted(ServingError):
-    """Taking this body would push the process's buffered request bytes over its budget."""
-
-    status = 503
-
-    def __init__(self, message: str, *, retry_after: int = 1) -> None:
-        super().__init__(message, headers={"Retry-After": str(retry_after),
-                                           "Connection": "close"})
 
 
 class _Read:
