@@ -273,9 +273,7 @@ class ServingApp:
             elif key == b"x-routing-key":
                 routing_key = value.decode("latin-1")
             elif key == b"authorization":
-                scheme, _, token = value.decode("latin-1").partition(" ")
-                if scheme.lower() == "bearer":
-                    api_key = token.strip()
+                api_key = _bearer(value) or api_key
             elif key == b"x-api-key":
                 api_key = value.decode("latin-1").strip()
             elif key == b"x-amzn-sagemaker-target-model":
@@ -336,14 +334,18 @@ def _method(method: str, wanted: str) -> None:
                                headers={"Allow": wanted})
 
 
+def _bearer(value: bytes) -> str | None:
+    scheme, _, token = value.decode("latin-1").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
 def _api_key(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """A predict key from `Authorization: Bearer <key>` or `X-Api-Key`, as infer reads it."""
+    """A predict key from `Authorization: Bearer <key>` or `X-Api-Key`, as infer reads it (infer
+    scans its headers once for everything, so it calls `_bearer` itself)."""
     api_key = None
     for key, value in headers:
         if key == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            if scheme.lower() == "bearer":
-                api_key = token.strip()
+            api_key = _bearer(value) or api_key
         elif key == b"x-api-key":
             api_key = value.decode("latin-1").strip()
     return api_key
