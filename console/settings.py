@@ -82,6 +82,7 @@ INSTALLED_APPS = [
     "knox",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_htmx",
     "axes",
     "csp",
@@ -215,6 +216,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # /api/docs/ works offline: Swagger UI comes from the drf-spectacular-sidecar package.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     # Three models have a `status`: name each enumeration after its own set.
     "ENUM_NAME_OVERRIDES": {
         "VersionStatusEnum": "registry.choices.VersionStatus",

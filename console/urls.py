@@ -9,8 +9,9 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 
 
 def swagger_csp(view):
-    """The API docs page is Swagger UI, not the console: it may load Swagger UI's files from
-    where SWAGGER_UI_DIST says and use inline styles. The split view keeps its script off-page."""
+    """The API docs page is Swagger UI, not the console: it may use inline styles, and load
+    Swagger UI's files from SWAGGER_UI_DIST's origin should an operator point it at a CDN (by
+    default they are our own static files). The split view keeps its script off-page."""
     dist = urlsplit(spectacular_settings.SWAGGER_UI_DIST)
     origin = [f"{dist.scheme}://{dist.netloc}"] if dist.scheme in ("http", "https") else []
     return csp_update({"script-src": origin, "style-src": [*origin, UNSAFE_INLINE],
