@@ -58,6 +58,8 @@ class ModelVersion(models.Model):
     failure_reason = models.TextField(blank=True, default="")
     validation_report = models.JSONField(default=dict, blank=True)
     validation_started_at = models.DateTimeField(null=True, blank=True)
+    # Renewed by the validating worker while it works: a stale one means the worker died.
+    validation_heartbeat_at = models.DateTimeField(null=True, blank=True)
     validation_attempts = models.PositiveSmallIntegerField(default=0)
     # Serving configuration (Triton's names).
     max_batch_size = models.PositiveIntegerField(default=0)
