@@ -25,6 +25,7 @@ from serving.errors import (
     MethodNotAllowed,
     ModelNotFound,
     PayloadTooLarge,
+    ReplicaStarting,
     ServingError,
 )
 from serving.limits import BodyReader, RequestLimits
@@ -310,16 +311,21 @@ class ServingApp:
         await send({"type": "http.response.body", "body": out})
 
     def _sagemaker_model(self, target: str | None) -> str:
-        routes = self.dataplane.table.routes
+        dp = self.dataplane
+        routes = dp.table.routes
         if target:
             if target in routes:
                 return target
             for suffix in (".tar.gz", ".onnx"):
                 if target.endswith(suffix) and target[: -len(suffix)] in routes:
                     return target[: -len(suffix)]
+            if not dp.started:
+                raise ReplicaStarting(dp.replica)
             raise ModelNotFound(f"unknown model '{target}' (X-Amzn-SageMaker-Target-Model)")
         if len(routes) == 1:
             return next(iter(routes))
+        if not dp.started:
+            raise ReplicaStarting(dp.replica)
         raise InvalidInput(
             f"this container serves {len(routes)} models ({', '.join(sorted(routes))}); name "
             "one with the X-Amzn-SageMaker-Target-Model header")

@@ -25,6 +25,7 @@ from serving.errors import (
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
+    ReplicaStarting,
     ServerFault,
     ServingError,
     Unauthorized,
@@ -129,6 +130,7 @@ class DataPlane:
         self.max_output_bytes = max_output_bytes  # for versions that set no budget of their own
         self.table: RouteTable = EMPTY_TABLE
         self.started = False  # a first route table has been installed
+        self.draining = False  # shutting down: not ready, still answering (serving.cli)
         self.degraded: str | None = None  # why the source cannot be followed right now
         self.shadow: dict[str, ShadowStats] = {}
         self.source: DesiredStateSource | None = None  # set by the reconciler
@@ -141,9 +143,12 @@ class DataPlane:
     def ready(self) -> tuple[bool, dict]:
         table = self.table
         missing = table.unavailable()
-        ok = self.started and not missing
-        return ok, {"ready": ok, "replica": self.replica, "revision": table.revision,
-                    "degraded": self.degraded, "unavailable": missing}
+        ok = self.started and not missing and not self.draining
+        body = {"ready": ok, "replica": self.replica, "revision": table.revision,
+                "degraded": self.degraded, "unavailable": missing}
+        if self.draining:
+            body["draining"] = True
+        return ok, body
 
     def server_metadata(self) -> dict:
         return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
@@ -153,8 +158,15 @@ class DataPlane:
     def _route(self, model: str) -> ModelRoute:
         route = self.table.routes.get(model)
         if route is None:
-            raise ModelNotFound(f"unknown model '{model}'")
+            raise self.unknown_model(model)
         return route
+
+    def unknown_model(self, model: str) -> ServingError:
+        """A model no route names: 404 once the first table is in, 503 until then (a starting
+        replica cannot know yet whether it will serve the model)."""
+        if not self.started:
+            return ReplicaStarting(self.replica)
+        return ModelNotFound(f"unknown model '{model}'")
 
     def _keyed(self, model: str, api_key: str | None) -> ModelRoute:
         """The model's route, once the caller showed its key (if it has keys), as infer asks."""
@@ -227,7 +239,7 @@ class DataPlane:
         table = self.table
         route = table.routes.get(model)
         if route is None:
-            raise ModelNotFound(f"unknown model '{model}'")
+            raise self.unknown_model(model)
         if route.api_key_hashes:
             _authorize(route, api_key)
         if version is None:
@@ -342,6 +354,8 @@ class DataPlane:
         return [lv.stats for lv in self.table.loaded.values()]
 
     def repository_index(self, ready_only: bool = False) -> list[dict]:
+        if not self.started:  # an empty index would say "no models", which is not known yet
+            raise ReplicaStarting(self.replica)
         table = self.table
         keys = set(table.status) | set(table.loaded) | set(self.loading)
         index = []

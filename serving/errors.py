@@ -102,6 +102,17 @@ class ModelNotReady(ServingError):
         super().__init__(message, headers={**extra, **(headers or {})})
 
 
+class ReplicaStarting(ServingError):
+    """The replica has not applied its first route table yet, so it cannot tell a model it is
+    about to serve from one it never will: 503 with `Retry-After`, never a 404."""
+
+    status = 503
+
+    def __init__(self, replica: str, *, retry_after: int = 1) -> None:
+        super().__init__(f"replica '{replica}' is starting: it has not loaded its model table "
+                         "yet; retry shortly", headers={"Retry-After": str(retry_after)})
+
+
 class QueueFull(ServingError):
     """The version's batcher queue is at its limit; `Retry-After` tells clients when to retry."""
 
