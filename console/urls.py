@@ -7,6 +7,8 @@ from django.urls import include, path
 from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from console.views.health import healthz
+
 
 def swagger_csp(view):
     """The API docs page is Swagger UI, not the console: it may use inline styles, and load
@@ -20,6 +22,7 @@ def swagger_csp(view):
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("healthz", healthz, name="healthz"),
     path("api/v1/", include("registry.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", swagger_csp(SpectacularSwaggerSplitView.as_view(url_name="schema")),

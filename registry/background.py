@@ -11,13 +11,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from celery import shared_task
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections, connections, transaction
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +58,41 @@ def task(name: str, *, lane: str = "default", **celery_options) -> Callable:
 
 def enqueue(name: str, *, delay: float = 0.0, **kwargs) -> None:
     """Run task `name` with kwargs after the current transaction commits (at once outside
-    one), `delay` seconds later if given: never eagerly inside the request."""
+    one), `delay` seconds later if given: never eagerly inside the request.
+
+    Sending never fails the caller: what committed stays committed, and every task is one that
+    a periodic tick starts again if its message never arrived. A broker that is down or hung
+    costs at most the broker's socket timeouts (settings), and `unsent()` tells the request."""
     declared = _tasks[name]
     transaction.on_commit(lambda: _send(declared, delay, kwargs))
 
 
+#: Tasks this context could not hand to the broker: (name, reason).
+_unsent: ContextVar[tuple[tuple[str, str], ...]] = ContextVar("mmc_unsent", default=())
+
+
+@contextmanager
+def unsent_tasks() -> Iterator[list[tuple[str, str]]]:
+    """Collect (name, reason) of the tasks the block enqueued that the broker refused, so a
+    request can say so in its answer."""
+    token = _unsent.set(())
+    collected: list[tuple[str, str]] = []
+    try:
+        yield collected
+    finally:
+        collected.extend(_unsent.get())
+        _unsent.reset(token)
+
+
 def _send(declared: Task, delay: float, kwargs: dict) -> None:
     if settings.CLUSTERED:
-        declared.celery.apply_async(kwargs=kwargs, countdown=delay or None)
+        try:
+            declared.celery.apply_async(kwargs=kwargs, countdown=delay or None)
+        except Exception as exc:  # kombu/redis raise many types; all mean "not queued"
+            reason = f"{exc.__class__.__name__}: {exc}"[:300]
+            log.warning("task %s not queued (%s); the periodic tick queues it again",
+                        declared.name, reason)
+            _unsent.set((*_unsent.get(), (declared.name, reason)))
     elif delay > 0:
         timer = threading.Timer(delay, _submit, (declared, kwargs))
         timer.daemon = True
@@ -95,6 +124,31 @@ def _run(declared: Task, kwargs: dict) -> None:
         log.exception("background task %s failed", declared.name)
     finally:
         close_old_connections()
+
+
+@contextmanager
+def every(seconds: float, fn: Callable, *args) -> Iterator[None]:
+    """Call fn(*args) every `seconds` on a thread while the block runs (a lease's heartbeat);
+    a failed call is logged and tried again on the next beat."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        try:
+            while not stop.wait(seconds):
+                try:
+                    fn(*args)
+                except Exception:
+                    log.exception("heartbeat %s failed", getattr(fn, "__name__", fn))
+        finally:
+            connections.close_all()  # this thread's own connections end with it
+
+    thread = threading.Thread(target=beat, name="mmc-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def wait_in_process(timeout: float = 30.0) -> None:

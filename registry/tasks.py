@@ -45,8 +45,15 @@ def rollout_tick_task() -> int:
 
 @task("registry.jobs_tick", ignore_result=True)
 def jobs_tick_task() -> dict:
-    """Periodic: expire job results and datasets, re-queue jobs whose worker died."""
+    """Periodic: expire job results and datasets (and re-queue jobs whose worker died)."""
     return housekeeping.tick()
+
+
+@task("registry.recovery_tick", ignore_result=True)
+def recovery_tick_task() -> dict:
+    """Periodic: queue again the validations and jobs whose worker's lease lapsed (killed), or
+    whose message never reached the broker."""
+    return {"validations": recover_validations(), "jobs": housekeeping.recover_jobs()}
 
 
 @task("registry.gc_artifacts", ignore_result=True)

@@ -1,6 +1,6 @@
 """Validation of an uploaded version: checker, signature, runtime compatibility, a real
 onnxruntime session and a warm-up inference. Ends in `ready` or `failed` with a reason a person
-can act on; never leaves a version in `validating` (a recovery job re-queues interrupted ones)."""
+can act on; never leaves a version in `validating`: the recovery tick queues a lapsed one again."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from datetime import timedelta
 import onnx
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 from google.protobuf.message import DecodeError
 
 from registry.audit import Actor, record
-from registry.background import enqueue
+from registry.background import enqueue, every
 from registry.models import ModelVersion, VersionStatus
 from registry.signatures import extract_signature, runtime_compatibility_problem
 from registry.store.artifacts import default_store
@@ -70,17 +71,28 @@ def _inspect(path, size: int) -> tuple[dict, dict]:
     return signature, report
 
 
+def lease() -> timedelta:
+    return timedelta(seconds=settings.VALIDATION_LEASE_SECONDS)
+
+
 def validate_version(version_id: int) -> str:
-    """Validate one version; idempotent (a finished version is left alone)."""
+    """Validate one version; idempotent (a finished version is left alone, one a live worker
+    holds too). The worker renews `validation_heartbeat_at` while it works: if it dies, the
+    recovery tick sees the lease lapse and queues the version again (attempts counted)."""
+    now = timezone.now()
     with transaction.atomic():
         version = ModelVersion.objects.select_for_update().select_related("model").get(
             pk=version_id)
         if version.status in (VersionStatus.READY, VersionStatus.FAILED):
             return version.status
+        if (version.validation_started_at is not None and version.validation_heartbeat_at
+                and version.validation_heartbeat_at > now - lease()):
+            return version.status  # a live worker is validating it (a duplicate message)
         version.status = VersionStatus.VALIDATING
         version.validation_attempts += 1
-        version.validation_started_at = timezone.now()
-        version.save(update_fields=["status", "validation_attempts", "validation_started_at"])
+        version.validation_started_at = version.validation_heartbeat_at = now
+        version.save(update_fields=["status", "validation_attempts", "validation_started_at",
+                                    "validation_heartbeat_at"])
         attempts = version.validation_attempts
     signature, report, reason = {}, {}, ""
     if attempts > MAX_ATTEMPTS:
@@ -92,7 +104,8 @@ def validate_version(version_id: int) -> str:
             path = store.path_for(version.sha256)
             if not path.exists() or not store.verify(version.sha256):
                 raise ValidationFailed("stored artifact is missing or does not match its sha256")
-            signature, report = _inspect(path, version.size_bytes)
+            with every(lease().total_seconds() / 3, _renew, version_id):
+                signature, report = _inspect(path, version.size_bytes)
         except ValidationFailed as exc:
             reason = str(exc)
         except Exception as exc:  # never leave the version in validating
@@ -120,20 +133,31 @@ def validate_version(version_id: int) -> str:
     return version.status
 
 
+def _renew(version_id: int) -> None:
+    ModelVersion.objects.filter(pk=version_id, status=VersionStatus.VALIDATING).update(
+        validation_heartbeat_at=timezone.now())
+
+
 def stale_validations(older_than: timedelta | None = None):
-    """Versions whose validation never finished: never started, or started too long ago."""
-    cutoff = timezone.now() - (older_than if older_than is not None
-                               else timedelta(seconds=settings.VALIDATION_STALE_SECONDS))
-    return ModelVersion.objects.filter(status__in=[VersionStatus.UPLOADED, VersionStatus.VALIDATING]
-                                       ).exclude(validation_started_at__gt=cutoff)
+    """Versions waiting for a validation nobody does: queued (or running) with no sign of life
+    for a lease (the message was never sent, or lost with its worker)."""
+    cutoff = timezone.now() - (older_than if older_than is not None else lease())
+    return ModelVersion.objects.filter(
+        Q(validation_heartbeat_at__isnull=True) | Q(validation_heartbeat_at__lt=cutoff),
+        status__in=[VersionStatus.UPLOADED, VersionStatus.VALIDATING])
 
 
 def recover_validations(older_than: timedelta | None = None) -> list[int]:
-    """Re-queue validations a dead worker left behind. Runs at worker/process start."""
-    ids = list(stale_validations(older_than).values_list("pk", flat=True))
+    """Queue again the validations a dead worker (or a broker that was down when the version was
+    uploaded) left behind. Runs at worker start and on the periodic recovery tick. Each is marked
+    queued now, so the next tick does not queue it twice; its attempts count when it runs."""
     with transaction.atomic():
+        ids = list(stale_validations(older_than).select_for_update(skip_locked=True)
+                   .values_list("pk", flat=True))
+        ModelVersion.objects.filter(pk__in=ids).update(validation_started_at=None,
+                                                       validation_heartbeat_at=timezone.now())
         for pk in ids:
             enqueue("registry.validate_version", version_id=pk)
     if ids:
-        log.warning("re-queued %d interrupted validation(s): %s", len(ids), ids)
+        log.warning("re-queued %d validation(s) nobody was doing: %s", len(ids), ids)
     return ids

@@ -6,6 +6,8 @@ route, a request it refuses before any view, an unexpected exception) goes throu
 
 from __future__ import annotations
 
+import sys
+
 from django.core.exceptions import (
     PermissionDenied,
     RequestDataTooBig,
@@ -13,7 +15,7 @@ from django.core.exceptions import (
     TooManyFieldsSent,
     TooManyFilesSent,
 )
-from django.http import Http404, JsonResponse
+from django.http import Http404, HttpResponse, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.renderers import JSONRenderer
@@ -21,6 +23,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
 from registry.errors import InvalidRequest, PayloadTooLarge, RegistryError
+from registry.logfilters import database_unavailable
 
 API_PREFIX = "/api/"
 
@@ -111,7 +114,29 @@ def page_not_found(request, exception, *args, **kwargs):
     return defaults.page_not_found(request, exception, *args, **kwargs)
 
 
+#: What a client is told to wait before it tries again while the database is unreachable.
+DATABASE_RETRY_AFTER = 5
+
+
+def _database_down(request, exc: BaseException) -> HttpResponse:
+    reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    if _api(request):
+        response = JsonResponse({"error": f"database unavailable ({reason}); try again shortly",
+                                 "retry_after": DATABASE_RETRY_AFTER}, status=503)
+    else:  # no template: base.html would ask the database for the user again
+        response = HttpResponse(
+            "<!doctype html><title>Database unavailable</title>"
+            "<h1>Database unavailable</h1><p>The console cannot reach its database. Nothing was "
+            "changed; this page answers again by itself once the database is back.</p>",
+            status=503, content_type="text/html; charset=utf-8")
+    response["Retry-After"] = str(DATABASE_RETRY_AFTER)
+    return response
+
+
 def server_error(request, *args, **kwargs):
+    exc = sys.exc_info()[1]
+    if database_unavailable(exc):
+        return _database_down(request, exc)
     if _api(request):
         rid = getattr(request, "request_id", "")
         return _json("internal server error; it is logged" + (

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.db import transaction
 from django.db.models import Max
+from django.utils import timezone
 
 from registry.audit import Actor, record
 from registry.background import enqueue
@@ -45,6 +46,7 @@ def version_upload(*, model_name: str, blob: StoredBlob, actor: Actor, filename:
             model=model, number=number, sha256=blob.sha256, size_bytes=blob.size,
             original_filename=(filename or "")[:255], metadata=metadata or {},
             status=VersionStatus.VALIDATING, created_by=actor.user,
+            validation_heartbeat_at=timezone.now(),  # queued: the recovery tick's clock starts
         )
         lock_blob(blob.sha256)  # a refused upload of the same bytes may be removing the blob
         if not blob.path.exists():

@@ -1,0 +1,262 @@
+"""A whole clustered product the fault specs may break: its own PostgreSQL and Redis on free
+loopback ports (never the machine's shared ones), a console process, a Celery worker and beat.
+Faults are injected into the real processes: SIGSTOP/SIGCONT (hung), kill -9, a stopped server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import REPO
+from tests.replicas import free_port
+
+PG_BIN = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin"))), None)
+
+
+def missing() -> str:
+    """Why this machine cannot run the cluster ('' when it can)."""
+    if PG_BIN is None or not (PG_BIN / "initdb").exists():
+        return "PostgreSQL server binaries (initdb) not installed"
+    if shutil.which("redis-server") is None:
+        return "redis-server not installed"
+    return ""
+
+
+def _as_postgres(cmd: list[str]) -> list[str]:
+    """initdb and postgres refuse to run as root: run them as the postgres user."""
+    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class Redis:
+    def __init__(self, root: Path):
+        self.port, self.root = free_port(), root
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.root)],
+            stdout=(self.root / "redis.log").open("ab"), stderr=subprocess.STDOUT)
+        wait_for(self.answers, 10, "redis to start")
+
+    def answers(self) -> bool:
+        import redis
+
+        try:
+            return bool(redis.Redis(port=self.port, socket_timeout=0.5).ping())
+        except redis.RedisError:
+            return False
+
+    def pause(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.resume()
+            self.kill()
+
+
+class Postgres:
+    def __init__(self):
+        # Its own folder straight under /tmp: the postgres user cannot pass pytest's 0700 ones.
+        root = Path(tempfile.mkdtemp(prefix="mmc-pg-"))
+        root.chmod(0o755)
+        self.root, self.port, self.data = root, free_port(), root / "pgdata"
+        self.socket_dir = root / "pgsock"
+        self.url = f"postgres://postgres@127.0.0.1:{self.port}/mmc"
+        self.log = root / "postgres.log"
+
+    def init(self) -> None:
+        for path in (self.data, self.socket_dir):
+            path.mkdir(parents=True)
+            shutil.chown(path, "postgres") if os.geteuid() == 0 else None
+        self.log.touch()
+        shutil.chown(self.log, "postgres") if os.geteuid() == 0 else None
+        subprocess.run(_as_postgres([str(PG_BIN / "initdb"), "-D", str(self.data), "-A", "trust",
+                                     "-U", "postgres", "--no-sync"]),
+                       check=True, capture_output=True)
+        self.start()
+        subprocess.run([str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(self.port),
+                        "-U", "postgres", "mmc"], check=True, capture_output=True)
+
+    def start(self) -> None:
+        subprocess.run(_as_postgres([
+            str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "start",
+            "-o", f"-p {self.port} -k {self.socket_dir} -c listen_addresses=127.0.0.1 "
+                  "-c fsync=off -c max_connections=200"]), check=True, capture_output=True)
+
+    def stop(self) -> None:
+        subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m",
+                                     "immediate", "-w", "stop"]), capture_output=True)
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def query_ok(self) -> bool:
+        return subprocess.run([str(PG_BIN / "pg_isready"), "-h", "127.0.0.1", "-p",
+                               str(self.port)], capture_output=True).returncode == 0
+
+    def query(self, sql: str) -> str:
+        return subprocess.run(["psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+                               "-d", "mmc", "-tAc", sql],
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    def connections(self) -> int:
+        """Client backends connected to the product's database (not this psql itself)."""
+        return int(self.query("SELECT count(*) FROM pg_stat_activity WHERE datname = 'mmc' "
+                              "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"))
+
+
+class Process:
+    """A product process (console, worker, beat) with its log; Popen in its own session so a
+    kill -9 of the group takes its children with it."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict, log_dir: Path):
+        self.name, self.cmd, self.env = name, cmd, env
+        self.log = log_dir / f"{name}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Process:
+        self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=self.env,
+                                     stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        return self
+
+    def kill9(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+    def threads(self) -> int:
+        return int(next(line.split()[1] for line in
+                        Path(f"/proc/{self.proc.pid}/status").read_text().splitlines()
+                        if line.startswith("Threads:")))
+
+    def tail(self, n: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-n:]
+
+
+class Cluster:
+    """PostgreSQL + Redis + console + Celery worker + beat, all this object's own."""
+
+    def __init__(self, root: Path, **settings):
+        self.root = root
+        self.redis, self.pg = Redis(root), Postgres()
+        self.console_port = free_port()
+        self.url = f"http://127.0.0.1:{self.console_port}"
+        self.settings = settings
+        self.token = ""
+        self.console = self.worker = self.beat = None
+
+    def env(self, **extra) -> dict:
+        base = {k: v for k, v in os.environ.items()
+                if not k.startswith(("MMC_", "DATABASE_URL", "REDIS_URL", "DJANGO_"))}
+        env = {**base, "DATABASE_URL": self.pg.url, "REDIS_URL": self.redis.url,
+               "SECRET_KEY": "fault-specs-only", "SECURE_COOKIES": "0",
+               "MMC_DATA_DIR": str(self.root / "data"), "MMC_EMBED_SERVING": "0",
+               "DJANGO_SETTINGS_MODULE": "console.settings", "PYTHONUNBUFFERED": "1",
+               "PYTHONPATH": str(REPO), "MMC_OUTBOUND_ALLOW": "127.0.0.1/32"}
+        env.update({k: str(v) for k, v in {**self.settings, **extra}.items()})
+        return env
+
+    def manage(self, *args: str, code: str | None = None) -> str:
+        cmd = ([sys.executable, "-c", code] if code
+               else [sys.executable, "manage.py", *args])
+        return subprocess.run(cmd, cwd=REPO, env=self.env(), check=True, capture_output=True,
+                              text=True, timeout=120).stdout
+
+    def up(self) -> Cluster:
+        (self.root / "data").mkdir(parents=True, exist_ok=True)
+        self.pg.init()
+        self.redis.start()
+        self.manage("start", "--no-serve", "--no-demo")
+        self.token = self.manage(code=(
+            "import django; django.setup()\n"
+            "from django.contrib.auth.models import Group, User\n"
+            "from registry.models import ApiToken\n"
+            "u = User.objects.create_user('eng', password='x' * 12)\n"
+            "u.groups.add(Group.objects.get(name='engineer'))\n"
+            "print(ApiToken.objects.create(user=u)[1])\n")).strip()
+        self.console = Process("console", [
+            sys.executable, "-m", "uvicorn", "console.asgi:application", "--port",
+            str(self.console_port), "--no-access-log", "--log-level", "warning"],
+            self.env(), self.root).start()
+        self.worker = self.start_worker()
+        self.beat = Process("beat", [sys.executable, "-m", "celery", "-A", "console", "beat",
+                                     "--loglevel=INFO", "-s", str(self.root / "beat-schedule")],
+                            self.env(), self.root).start()
+        wait_for(lambda: self.get("/healthz").status_code in (200, 503), 60, "console to start")
+        return self
+
+    def start_worker(self, name: str = "worker") -> Process:
+        worker = Process(name, [sys.executable, "-m", "celery", "-A", "console", "worker",
+                                "--concurrency=2", "--loglevel=INFO", "--without-gossip",
+                                "--without-mingle", "-n", f"{name}@%h"],
+                         self.env(), self.root).start()
+        wait_for(lambda: b"ready." in worker.log.read_bytes() or worker.proc.poll() is not None,
+                 60, f"{name} to start")
+        if worker.proc.poll() is not None:
+            raise RuntimeError(worker.tail())
+        return worker
+
+    def down(self) -> None:
+        for proc in (self.beat, self.worker, self.console):
+            if proc:
+                proc.stop()
+        self.redis.stop()
+        self.pg.remove()
+
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def get(self, path: str, timeout: float = 30, **kw) -> httpx.Response:
+        return self.request("GET", path, timeout, **kw)
+
+    def post(self, path: str, timeout: float = 30, **kw) -> httpx.Response:
+        return self.request("POST", path, timeout, **kw)
+
+    def put(self, path: str, timeout: float = 30, **kw) -> httpx.Response:
+        return self.request("PUT", path, timeout, **kw)
+
+    def request(self, method: str, path: str, timeout: float = 30, **kw) -> httpx.Response:
+        """The answer, or a 599 standing for the transport error (time-out, refused)."""
+        try:
+            return httpx.request(method, self.url + path, headers=self.headers(),
+                                 timeout=timeout, **kw)
+        except httpx.TransportError as exc:
+            return httpx.Response(599, text=f"{exc.__class__.__name__}: {exc}")
