@@ -53,7 +53,8 @@ def jobs_tick_task() -> dict:
 def recovery_tick_task() -> dict:
     """Periodic: queue again the validations and jobs whose worker's lease lapsed (killed), or
     whose message never reached the broker."""
-    return {"validations": recover_validations(), "jobs": housekeeping.recover_jobs()}
+    return {"validations": recover_validations(),
+            "jobs": housekeeping.recover_jobs(queued=False)}
 
 
 @task("registry.gc_artifacts", ignore_result=True)

@@ -69,7 +69,8 @@ def test_a_validation_interrupted_by_a_dead_worker_is_recovered(engineer):
     # what a worker killed mid-validation leaves behind
     ModelVersion.objects.filter(model__name="orphan", number=1).update(
         status=VersionStatus.VALIDATING, signature={},
-        validation_started_at=timezone.now() - timedelta(hours=1))
+        validation_started_at=timezone.now() - timedelta(hours=1),
+        validation_heartbeat_at=timezone.now() - timedelta(hours=1))
     assert recover_validations() == [ModelVersion.objects.get(model__name="orphan").pk]
     done = wait_validated(engineer, "orphan", 1)
     assert done["status"] == "ready" and done["signature"]["inputs"][0]["name"] == "x"
@@ -83,8 +84,9 @@ def test_a_version_interrupted_too_often_fails_with_the_reason(engineer):
     upload(engineer, "crashy", samples.mlp())
     wait_validated(engineer, "crashy", 1)
     version = ModelVersion.objects.get(model__name="crashy")
-    ModelVersion.objects.filter(pk=version.pk).update(status=VersionStatus.VALIDATING,
-                                                      validation_attempts=MAX_ATTEMPTS)
+    ModelVersion.objects.filter(pk=version.pk).update(  # its last worker's lease lapsed
+        status=VersionStatus.VALIDATING, validation_attempts=MAX_ATTEMPTS,
+        validation_heartbeat_at=timezone.now() - timedelta(hours=1))
     assert validate_version(version.pk) == "failed"
     version.refresh_from_db()
     assert "interrupted 3 times" in version.failure_reason

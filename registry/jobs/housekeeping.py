@@ -26,17 +26,20 @@ def enqueue_job(job_id) -> None:
     enqueue("registry.run_job", job_id=str(job_id))
 
 
-def stale_jobs():
-    """Jobs a worker should pick up: queued, or running under a lease nobody renews."""
+def stale_jobs(*, queued: bool = True):
+    """Jobs a worker should pick up: running under a lease nobody renews, and (`queued`) queued
+    ones, whose message may have been lost."""
     cutoff = timezone.now() - timedelta(seconds=lease_seconds())
-    return (Job.objects.filter(Q(status=JobStatus.QUEUED)
-                               | Q(status=JobStatus.RUNNING, heartbeat_at__lt=cutoff))
+    lapsed = Q(status=JobStatus.RUNNING, heartbeat_at__lt=cutoff)
+    return (Job.objects.filter(lapsed | Q(status=JobStatus.QUEUED) if queued else lapsed)
             .order_by("created_at"))
 
 
-def recover_jobs() -> list[str]:
-    """Re-queue jobs a dead worker left behind (and queued ones whose message was lost)."""
-    ids = [str(pk) for pk in stale_jobs().values_list("pk", flat=True)]
+def recover_jobs(*, queued: bool = True) -> list[str]:
+    """Re-queue jobs a dead worker left behind, and (`queued`) queued ones whose message was
+    lost. The recovery tick (every few seconds) passes queued=False: a job waiting behind a long
+    one is not sent again every tick; the jobs tick and worker start send those."""
+    ids = [str(pk) for pk in stale_jobs(queued=queued).values_list("pk", flat=True)]
     with transaction.atomic():
         for pk in ids:
             enqueue_job(pk)
