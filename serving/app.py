@@ -43,6 +43,10 @@ _JSON = b"application/json"
 _CT_JSON = (b"content-type", _JSON)
 _LIVE = b'{"live":true}'  # the protocol's live answer (the KServe SDK reads "live")
 _LIVE_HEADERS = [_CT_JSON, (b"content-length", b"%d" % len(_LIVE))]
+#: MMC_DRAIN_SECONDS' default: as long as uvicorn keeps an idle keep-alive connection (5 s), so
+#: a client's idle pooled connection is used (and told to close) or expires within the window;
+#: and well inside Kubernetes' 30 s termination grace.
+DEFAULT_DRAIN_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,9 @@ class ServingSettings:
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     # header/body timeouts, buffered-body budget, connection cap (serving.limits)
     limits: RequestLimits = field(default_factory=RequestLimits)
+    # SIGTERM: answer (not ready, `Connection: close`) this long at most before the listener
+    # closes; less once no connection is open (serving.cli.DrainingServer)
+    drain_seconds: float = DEFAULT_DRAIN_SECONDS
 
     @classmethod
     def from_env(cls, env: dict | None = None) -> ServingSettings:
@@ -70,6 +77,7 @@ class ServingSettings:
             providers=[p for p in e.get("MMC_PROVIDERS", "").split(",") if p.strip()],
             max_output_bytes=int(e.get("MMC_MAX_OUTPUT_BYTES", cls.max_output_bytes)),
             limits=RequestLimits.from_env(e),
+            drain_seconds=float(e.get("MMC_DRAIN_SECONDS") or cls.drain_seconds),
         )
 
 
@@ -130,7 +138,12 @@ class ServingApp:
                 await self.reconciler.start()
             self._started = True
 
+    def begin_drain(self) -> None:
+        """SIGTERM (serving.cli): stop saying ready at once; requests are still answered."""
+        self.dataplane.draining = True
+
     async def shutdown(self) -> None:
+        """Stop following the source, release the models and leave the source (last)."""
         if self._started and self.reconciler is not None:
             await self.reconciler.stop()
         self._started = False

@@ -7,8 +7,17 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import ctypes
+import logging
 import os
+import signal
 import socket
+import struct
+import sys
+import time
+
+import uvicorn
 
 _ENV_REPO = "MMC_SERVE_MODEL_REPOSITORY"
 _ENV_REGISTRY = "MMC_SERVE_REGISTRY"
@@ -29,6 +38,112 @@ def _source(repository: str | None, registry: bool):
     from serving.sources import RepositorySource
 
     return RepositorySource(repository, read_signature=read_signature)
+
+
+log = logging.getLogger("uvicorn.error")
+
+_SO_ATTACH_FILTER = 26  # Linux <asm-generic/socket.h>
+#: A classic BPF program of one instruction, `ret #0`: drop the packet.
+_DROP_ALL = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0))
+
+
+def refuse_new_connections(listener) -> bool:
+    """Make the kernel drop new connection attempts (SYNs) to `listener` while the ones it
+    already completed wait in the accept queue: closing a listener resets those, after their
+    clients have sent a request. A dropped SYN is sent again a second later, and finds the next
+    process listening, or a refusal it may retry. Linux only: False elsewhere or on failure."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        with socket.socket(fileno=os.dup(listener.fileno())) as sock:
+            program = struct.pack("HP", 1, ctypes.addressof(_DROP_ALL))
+            sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, program)
+    except OSError as exc:
+        log.warning("cannot hold off new connections before closing: %s", exc)
+        return False
+    return True
+
+
+class DrainingServer(uvicorn.Server):
+    """On SIGTERM: stop saying ready and answer with `Connection: close` until no connection
+    is open or `drain_seconds` passed; then uvicorn's shutdown (stop accepting, finish what
+    is in flight, lifespan shutdown: release the models, leave the source) and the exit.
+
+    Closing a keep-alive connection its client may be writing to at that moment loses the
+    request; a drained client has closed its connections itself after its last answer.
+    A second signal stops at once (uvicorn's shutdown without the window); a third forces.
+    """
+
+    def __init__(self, config, *, app=None, drain_seconds: float = 0.0) -> None:
+        super().__init__(config)
+        self.app = app  # the ServingApp (begin_drain), if known
+        self.drain_seconds = drain_seconds
+        self.drain_until: float | None = None
+        self._answered = 0  # requests answered by the drain's previous tick
+
+    def handle_exit(self, sig, frame) -> None:
+        if self.should_exit:  # already stopping: a further signal forces it
+            self.force_exit = True
+        draining = self.drain_until is not None
+        super().handle_exit(sig, frame)  # records the signal, re-raised after the shutdown
+        if (sig == signal.SIGTERM and not draining and self.started
+                and self.drain_seconds > 0):
+            self.should_exit = False  # not yet: on_tick ends the drain
+            self.begin_drain()
+
+    def begin_drain(self) -> None:
+        self.drain_until = time.monotonic() + self.drain_seconds
+        self._answered = self.server_state.total_requests
+        protocol = self.config.http_protocol_class
+        if hasattr(protocol, "draining"):
+            protocol.draining = True
+        if hasattr(self.app, "begin_drain"):
+            self.app.begin_drain()
+        log.info("SIGTERM: draining for at most %g s (%d connections open)",
+                 self.drain_seconds, len(self.server_state.connections))
+
+    async def shutdown(self, sockets=None) -> None:
+        """Let the kernel take no new connection, accept the ones it already took (the loop
+        does, given a moment), then uvicorn's shutdown closes the listener with nothing queued
+        behind it (closing a listener resets what waits in its queue)."""
+        if not self.force_exit:
+            held = [refuse_new_connections(s) for server in self.servers
+                    for s in server.sockets or ()]
+            if any(held):
+                await asyncio.sleep(0.05)
+        await super().shutdown(sockets)
+
+    async def on_tick(self, counter: int) -> bool:
+        """Every 0.1 s: the drain ends at its deadline, or once a tick finds no connection
+        open and no request answered since the previous one (under load, with every
+        answer closing its connection, "none open" alone happens between requests)."""
+        until = self.drain_until
+        if until is not None and not self.should_exit:
+            state = self.server_state
+            quiet = not state.connections and state.total_requests == self._answered
+            self._answered = state.total_requests
+            if quiet or time.monotonic() >= until:
+                self.should_exit = True
+        return await super().on_tick(counter)
+
+
+def serve(app, *, serving=None, **options) -> None:
+    """Run the ASGI `app` on uvicorn (`options`: uvicorn.Config's) with the drain on SIGTERM.
+    `serving` is the ServingApp inside it (default: `app` itself); its readiness goes 503 at
+    the signal and its settings.drain_seconds (MMC_DRAIN_SECONDS) bound the window. For any
+    process that serves this data plane: mmc-serve, and the embedded console
+    (`serve("console.asgi:application", serving=console.asgi.serving_app, ...)`)."""
+    from serving.app import DEFAULT_DRAIN_SECONDS
+
+    serving = app if serving is None else serving
+    seconds = getattr(getattr(serving, "settings", None), "drain_seconds", DEFAULT_DRAIN_SECONDS)
+    server = DrainingServer(uvicorn.Config(app, **options), app=serving, drain_seconds=seconds)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # the SIGINT uvicorn re-raises after its shutdown
+        pass
+    if not server.started:
+        raise SystemExit(3)  # uvicorn's STARTUP_FAILURE
 
 
 def app_from_env():
@@ -56,8 +171,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
 
-    import uvicorn
-
     if args.model_repository and not os.path.isdir(args.model_repository):
         parser.error(f"--model-repository {args.model_repository}: not a directory")
     os.environ[_ENV_REPLICA] = args.replica or socket.gethostname()
@@ -70,10 +183,10 @@ def main(argv: list[str] | None = None) -> None:
     options = dict(host=args.host, port=args.port, loop="uvloop", http=_PROTOCOL,
                    lifespan="on", access_log=False, log_level=args.log_level,
                    timeout_graceful_shutdown=5)
-    if args.workers > 1:
+    if args.workers > 1:  # uvicorn's supervisor builds its own Servers: no drain window
         uvicorn.run("serving.cli:app_from_env", factory=True, workers=args.workers, **options)
     else:
-        uvicorn.run(app_from_env(), **options)
+        serve(app_from_env(), **options)
 
 
 if __name__ == "__main__":

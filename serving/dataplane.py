@@ -376,11 +376,12 @@ class DataPlane:
     async def repository_action(self, action: str, model: str,
                                 authorization: str | None = None) -> None:
         """Load/unload go through the source (the registry: audited, authorised)."""
-        source = self.source
-        if not isinstance(source, DesiredStateSource):
-            # No source yet, or one written before load/unload joined the protocol.
+        # No source yet, or one written before load/unload joined the protocol (asked by name,
+        # not isinstance: a source need not have every later method, such as leave).
+        request = getattr(self.source, "request_load" if action == "load" else "request_unload",
+                          None)
+        if request is None:
             raise repository_action_not_offered(action, model)
-        request = source.request_load if action == "load" else source.request_unload
         try:
             await asyncio.get_running_loop().run_in_executor(None, request, model, authorization)
         except (Unauthorized, Forbidden, ModelNotFound, Conflict, InvalidInput) as exc:

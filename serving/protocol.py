@@ -35,6 +35,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """
 
     limits: RequestLimits | None = None  # read from the environment at the first connection
+    #: Set (on the class) by serving.cli.DrainingServer on SIGTERM: from then on every answer
+    #: says `Connection: close`, so no client keeps a pooled connection the exit would cut.
+    draining = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         HttpToolsProtocol.connection_made(self, transport)
@@ -58,6 +61,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             timer.cancel()
             self._header_timer = None
         HttpToolsProtocol.connection_lost(self, exc)
+
+    def on_headers_complete(self) -> None:
+        HttpToolsProtocol.on_headers_complete(self)
+        if self.draining and self.cycle is not None:
+            self.cycle.keep_alive = False  # uvicorn adds `Connection: close`, then closes
+
+    def shutdown(self) -> None:
+        """The server stops: a connection accepted a moment ago whose request has not been read
+        yet is answered (with `Connection: close`), not cut; the header deadline bounds a
+        silent one. Otherwise uvicorn's (idle: close; mid-request: close after the answer)."""
+        if self.draining and self.cycle is None and not self.transport.is_closing():
+            return
+        HttpToolsProtocol.shutdown(self)
 
     def data_received(self, data: bytes) -> None:
         HttpToolsProtocol.data_received(self, data)

@@ -115,7 +115,9 @@ class Reconciler:
         self._tasks = [asyncio.create_task(self._poll_loop()),
                        asyncio.create_task(self._heartbeat_loop())]
 
-    async def stop(self) -> None:
+    async def stop(self, *, leave_seconds: float = 5.0) -> None:
+        """Stop the loops, release every session, then leave the source: the last word, so no
+        heartbeat re-registers the replica after it (the source's one thread runs in order)."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -124,8 +126,20 @@ class Reconciler:
         for lv in table.loaded.values():
             lv.batcher.close()
             lv.runtime.unload()
+        await self._leave(leave_seconds)
         self._io.shutdown(wait=False, cancel_futures=True)
         self._loader.shutdown(wait=False, cancel_futures=True)
+
+    async def _leave(self, seconds: float) -> None:
+        """`source.leave(replica)` where the source offers it; a failure is logged, not raised
+        (the registry then shows the replica as lost, as if it had been killed)."""
+        leave = getattr(self.source, "leave", None)
+        if leave is None:
+            return
+        try:
+            await asyncio.wait_for(self._call(leave, self.dataplane.replica), seconds)
+        except Exception as exc:  # noqa: BLE001 - shutting down: say so and go on
+            log.warning("could not leave the route source: %s: %s", type(exc).__name__, exc)
 
     def _notify(self, revision: int | None = None) -> None:
         """Source push (any thread): wake the poll loop now."""

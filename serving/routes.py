@@ -173,6 +173,10 @@ class DesiredStateSource(Protocol):
     def request_unload(self, model: str, authorization: str | None = None) -> None:
         """v2 repository extension: stop serving `model`; raises as request_load does."""
 
+    def leave(self, replica: str) -> None:
+        """The replica stopped gracefully (its last call): forget it rather than report it
+        lost. Blocking (runs in a worker thread); a failure is logged by the caller."""
+
 
 def repository_action_not_offered(action: str, model: str) -> NotSupported:
     """The 501 for a load/unload this replica's source does not offer, saying where to go."""
@@ -191,3 +195,6 @@ class ReadOnlySource:
 
     def request_unload(self, model: str, authorization: str | None = None) -> None:
         raise repository_action_not_offered("unload", model)
+
+    def leave(self, replica: str) -> None:
+        """Nothing to forget: a folder keeps no record of the replicas that read it."""

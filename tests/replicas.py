@@ -22,8 +22,10 @@ def free_port() -> int:
 
 
 class Replica:
-    def __init__(self, name: str, *, embedded: bool, log_dir: Path, **env):
-        self.name, self.port = name, free_port()
+    def __init__(self, name: str, *, embedded: bool, log_dir: Path, port: int | None = None,
+                 **env):
+        """`port`: a given one (a restart on the same address), else a free one."""
+        self.name, self.port = name, port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         if embedded:
             cmd = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--port",
