@@ -132,7 +132,7 @@ def serve(app, *, serving=None, **options) -> None:
     `serving` is the ServingApp inside it (default: `app` itself); its readiness goes 503 at
     the signal and its settings.drain_seconds (MMC_DRAIN_SECONDS) bound the window. For any
     process that serves this data plane: mmc-serve, and the embedded console
-    (`serve("console.asgi:application", serving=console.asgi.serving_app, ...)`)."""
+    (`serve(console.asgi.application, serving=console.asgi.serving_app, ...)`)."""
     from serving.app import DEFAULT_DRAIN_SECONDS
 
     serving = app if serving is None else serving
