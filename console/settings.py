@@ -51,8 +51,15 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     }
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}
 else:
-    DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
+    # 0: a connection per request, closed when it ends. Under ASGI each request runs on its own
+    # thread, so a persistent (per-thread) connection outlives its request until garbage
+    # collection: 38 stayed open after one Redis hang (bench/faults.py), and a few hundred
+    # exhaust PostgreSQL. A local connect costs ~2 ms; put a pooler in front for more.
+    DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # A database that does not answer fails a request in seconds (503), never hangs it.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"connect_timeout": env.int("MMC_DB_CONNECT_TIMEOUT", default=5)})
 
 ARTIFACT_ROOT = Path(env.str("ARTIFACT_ROOT", default=str(DATA_DIR / "artifacts"))).resolve()
 MAX_UPLOAD_BYTES = env.int("MMC_MAX_UPLOAD_BYTES", default=2 * 1024**3)
@@ -68,8 +75,12 @@ REPLICA_POLL_SECONDS = env.float("MMC_POLL_SECONDS", default=1.0)
 # Per-version metrics kept for dashboards and canary analysis: bucket width and retention.
 METRICS_BUCKET_SECONDS = env.int("MMC_METRICS_BUCKET_SECONDS", default=5)
 METRICS_RETENTION_SECONDS = env.int("MMC_METRICS_RETENTION_SECONDS", default=6 * 3600)
-# A replica not heard from for this long is shown as gone and ignored by ?wait.
+# A replica not heard from for this long is "lost": listed, named by ?wait, degraded health.
 REPLICA_STALE_SECONDS = env.float("MMC_REPLICA_STALE_SECONDS", default=10.0)
+# A lost replica no one removed is forgotten (audited) after this long silent.
+REPLICA_FORGET_SECONDS = env.float("MMC_REPLICA_FORGET_SECONDS", default=24 * 3600.0)
+# A live replica behind the current revision is "converging" this long, then "degraded".
+REPLICA_CONVERGE_SECONDS = env.float("MMC_REPLICA_CONVERGE_SECONDS", default=30.0)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -234,10 +245,23 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("MMC_TASK_VISIBILITY", 600)}
+# Every broker call has a timeout, so a hung Redis costs a request seconds, never a thread for
+# good; sending is retried once (a connection Redis dropped), then left to the recovery tick.
+BROKER_TIMEOUT_SECONDS = env.float("MMC_BROKER_TIMEOUT_SECONDS", default=3.0)
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env.int("MMC_TASK_VISIBILITY", 600),
+    "socket_timeout": BROKER_TIMEOUT_SECONDS,  # > kombu's 1 s BRPOP wait
+    "socket_connect_timeout": BROKER_TIMEOUT_SECONDS,
+    "socket_keepalive": True,
+    "health_check_interval": 10,
+}
+CELERY_BROKER_CONNECTION_TIMEOUT = BROKER_TIMEOUT_SECONDS
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0,
+                                    "interval_step": 0.2, "interval_max": 0.2}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# A version left in `validating` this long (worker died) is validated again by the recovery job.
-VALIDATION_STALE_SECONDS = env.int("MMC_VALIDATION_STALE_SECONDS", default=300)
+# A validation's worker renews its lease every third of this; one silent this long (worker
+# killed, message never sent) is queued again by the recovery tick.
+VALIDATION_LEASE_SECONDS = env.float("MMC_VALIDATION_LEASE_SECONDS", default=15.0)
 
 # Jobs (registry.jobs): async inference bodies and batch datasets live under ARTIFACT_ROOT/jobs/.
 ASYNC_MAX_BYTES = env.int("MMC_ASYNC_MAX_BYTES", default=1024**3)
@@ -246,20 +270,27 @@ BATCH_RESULT_TTL = env.int("MMC_BATCH_RESULT_TTL", default=7 * 24 * 3600)
 # A dataset's file is deleted this long after its last use (upload or a batch job started).
 DATASET_TTL = env.int("MMC_DATASET_TTL", default=7 * 24 * 3600)
 # A running job whose worker has not renewed its lease for this long is taken over (resumed).
-JOB_LEASE_SECONDS = env.float("MMC_JOB_LEASE_SECONDS", default=60.0)
+JOB_LEASE_SECONDS = env.float("MMC_JOB_LEASE_SECONDS", default=10.0)
 JOB_MAX_ATTEMPTS = env.int("MMC_JOB_MAX_ATTEMPTS", default=5)
 JOB_CHUNK_ROWS = env.int("MMC_JOB_CHUNK_ROWS", default=10_000)
 JOB_TICK_SECONDS = env.float("MMC_JOB_TICK_SECONDS", default=30.0)
+# Re-queues validations and jobs whose lease lapsed: a killed worker's work resumes within a
+# lease plus this (10 + 5 s by default).
+RECOVERY_TICK_SECONDS = env.float("MMC_RECOVERY_TICK_SECONDS", default=5.0)
 # Automated canary analysis and rollout housekeeping (0 turns the embedded scheduler's off).
 ROLLOUT_TICK_SECONDS = env.float("MMC_ROLLOUT_TICK_SECONDS", default=5.0)
-# Artifact garbage collection (0 turns it off): blobs no version references, once older than
-# the grace period (an upload writes its blob before its version row commits).
+# Artifact garbage collection (0 turns it off): blobs no version references and temp files of
+# crashed uploads, once older than the grace period (an upload writes its blob before its
+# version row commits; an upload in progress keeps its temp file's mtime fresh).
 GC_SECONDS = env.float("MMC_GC_SECONDS", default=3600.0)
 GC_GRACE_SECONDS = env.float("MMC_GC_GRACE_SECONDS", default=3600.0)
+# The health bar says the artifact store is degraded below this much free space.
+STORE_MIN_FREE_BYTES = env.int("MMC_STORE_MIN_FREE_BYTES", default=1024**3)
 # Periodic background tasks (registry/tasks.py): Celery beat runs them clustered, the embedded
 # process's scheduler thread otherwise.
 PERIODIC_TASKS = {"registry.rollout_tick": ROLLOUT_TICK_SECONDS,
                   "registry.jobs_tick": JOB_TICK_SECONDS,
+                  "registry.recovery_tick": RECOVERY_TICK_SECONDS,
                   "registry.gc_artifacts": GC_SECONDS}
 CELERY_BEAT_SCHEDULE = {name: {"task": name, "schedule": seconds}
                         for name, seconds in PERIODIC_TASKS.items() if seconds > 0}
@@ -273,7 +304,9 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {"database_down": {"()": "registry.logfilters.DatabaseDownLogFilter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
-    "loggers": {"django.server": {"level": "WARNING"}},
+    "loggers": {"django.server": {"level": "WARNING"},
+                "django.request": {"filters": ["database_down"]}},
 }

@@ -56,15 +56,17 @@ def task(name: str, *, lane: str = "default", **celery_options) -> Callable:
     return declare
 
 
-def enqueue(name: str, *, delay: float = 0.0, **kwargs) -> None:
+def enqueue(name: str, *, delay: float = 0.0, on_unsent: Callable[[], None] | None = None,
+            **kwargs) -> None:
     """Run task `name` with kwargs after the current transaction commits (at once outside
     one), `delay` seconds later if given: never eagerly inside the request.
 
     Sending never fails the caller: what committed stays committed, and every task is one that
     a periodic tick starts again if its message never arrived. A broker that is down or hung
-    costs at most the broker's socket timeouts (settings), and `unsent()` tells the request."""
+    costs at most the broker's socket timeouts (settings); `unsent_tasks()` tells the request,
+    and `on_unsent` (if given) runs, e.g. to mark the work due for the next tick."""
     declared = _tasks[name]
-    transaction.on_commit(lambda: _send(declared, delay, kwargs))
+    transaction.on_commit(lambda: _send(declared, delay, kwargs, on_unsent))
 
 
 #: Tasks this context could not hand to the broker: (name, reason).
@@ -84,7 +86,8 @@ def unsent_tasks() -> Iterator[list[tuple[str, str]]]:
         _unsent.reset(token)
 
 
-def _send(declared: Task, delay: float, kwargs: dict) -> None:
+def _send(declared: Task, delay: float, kwargs: dict,
+          on_unsent: Callable[[], None] | None = None) -> None:
     if settings.CLUSTERED:
         try:
             declared.celery.apply_async(kwargs=kwargs, countdown=delay or None)
@@ -93,6 +96,8 @@ def _send(declared: Task, delay: float, kwargs: dict) -> None:
             log.warning("task %s not queued (%s); the periodic tick queues it again",
                         declared.name, reason)
             _unsent.set((*_unsent.get(), (declared.name, reason)))
+            if on_unsent is not None:
+                on_unsent()
     elif delay > 0:
         timer = threading.Timer(delay, _submit, (declared, kwargs))
         timer.daemon = True

@@ -133,6 +133,14 @@ def validate_version(version_id: int) -> str:
     return version.status
 
 
+def queue_validation(version_id: int) -> None:
+    """Queue the validation after commit; if the broker refuses it, the version is due at the
+    recovery tick that follows (not a whole lease later)."""
+    enqueue("registry.validate_version", version_id=version_id,
+            on_unsent=lambda: ModelVersion.objects.filter(pk=version_id).update(
+                validation_heartbeat_at=None))
+
+
 def _renew(version_id: int) -> None:
     ModelVersion.objects.filter(pk=version_id, status=VersionStatus.VALIDATING).update(
         validation_heartbeat_at=timezone.now())
@@ -157,7 +165,7 @@ def recover_validations(older_than: timedelta | None = None) -> list[int]:
         ModelVersion.objects.filter(pk__in=ids).update(validation_started_at=None,
                                                        validation_heartbeat_at=timezone.now())
         for pk in ids:
-            enqueue("registry.validate_version", version_id=pk)
+            queue_validation(pk)
     if ids:
         log.warning("re-queued %d validation(s) nobody was doing: %s", len(ids), ids)
     return ids

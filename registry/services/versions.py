@@ -5,7 +5,6 @@ from django.db.models import Max
 from django.utils import timezone
 
 from registry.audit import Actor, record
-from registry.background import enqueue
 from registry.choices import GraphOptimizationLevel
 from registry.errors import InvalidRequest, LifecycleError, NotFound
 from registry.models import ModelVersion, VersionStatus
@@ -13,6 +12,7 @@ from registry.notify import bump_revision
 from registry.services.catalog import lock_model
 from registry.store.artifacts import StoredBlob
 from registry.store.gc import lock_blob
+from registry.validation import queue_validation
 from serving.signature import batch_dimension
 
 #: Serving settings a version's owner may change after upload (int ones with their range).
@@ -58,7 +58,7 @@ def version_upload(*, model_name: str, blob: StoredBlob, actor: Actor, filename:
                after={"number": number, "sha256": blob.sha256, "size_bytes": blob.size,
                       "filename": version.original_filename})
 
-        enqueue("registry.validate_version", version_id=version.pk)
+        queue_validation(version.pk)
     return version, True
 
 
