@@ -138,13 +138,13 @@ class Process:
     """A product process (console, worker, beat) with its log; Popen in its own session so a
     kill -9 of the group takes its children with it."""
 
-    def __init__(self, name: str, cmd: list[str], env: dict, log_dir: Path):
-        self.name, self.cmd, self.env = name, cmd, env
+    def __init__(self, name: str, cmd: list[str], env: dict, log_dir: Path, cwd: Path = REPO):
+        self.name, self.cmd, self.env, self.cwd = name, cmd, env, cwd
         self.log = log_dir / f"{name}.log"
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Process:
-        self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=self.env,
+        self.proc = subprocess.Popen(self.cmd, cwd=self.cwd, env=self.env,
                                      stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
         return self
@@ -174,8 +174,9 @@ class Process:
 class Cluster:
     """PostgreSQL + Redis + console + Celery worker + beat, all this object's own."""
 
-    def __init__(self, root: Path, **settings):
-        self.root = root
+    def __init__(self, root: Path, *, repo: Path = REPO, **settings):
+        self.root, self.repo = root, repo  # repo: the checkout whose product runs (a bench's
+        # --before runs an older one)
         self.redis, self.pg = Redis(root), Postgres()
         self.console_port = free_port()
         self.url = f"http://127.0.0.1:{self.console_port}"
@@ -190,15 +191,15 @@ class Cluster:
                "SECRET_KEY": "fault-specs-only", "SECURE_COOKIES": "0",
                "MMC_DATA_DIR": str(self.root / "data"), "MMC_EMBED_SERVING": "0",
                "DJANGO_SETTINGS_MODULE": "console.settings", "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": str(REPO), "MMC_OUTBOUND_ALLOW": "127.0.0.1/32"}
+               "PYTHONPATH": str(self.repo), "MMC_OUTBOUND_ALLOW": "127.0.0.1/32"}
         env.update({k: str(v) for k, v in {**self.settings, **extra}.items()})
         return env
 
     def manage(self, *args: str, code: str | None = None) -> str:
         cmd = ([sys.executable, "-c", code] if code
                else [sys.executable, "manage.py", *args])
-        return subprocess.run(cmd, cwd=REPO, env=self.env(), check=True, capture_output=True,
-                              text=True, timeout=120).stdout
+        return subprocess.run(cmd, cwd=self.repo, env=self.env(), check=True,
+                              capture_output=True, text=True, timeout=120).stdout
 
     def up(self) -> Cluster:
         (self.root / "data").mkdir(parents=True, exist_ok=True)
@@ -215,19 +216,19 @@ class Cluster:
         self.console = Process("console", [
             sys.executable, "-m", "uvicorn", "console.asgi:application", "--port",
             str(self.console_port), "--no-access-log", "--log-level", "warning"],
-            self.env(), self.root).start()
+            self.env(), self.root, self.repo).start()
         self.worker = self.start_worker()
         self.beat = Process("beat", [sys.executable, "-m", "celery", "-A", "console", "beat",
                                      "--loglevel=INFO", "-s", str(self.root / "beat-schedule")],
-                            self.env(), self.root).start()
-        wait_for(lambda: self.get("/healthz").status_code in (200, 503), 60, "console to start")
+                            self.env(), self.root, self.repo).start()
+        wait_for(lambda: self.get("/api/v1/models/").status_code == 200, 60, "console to start")
         return self
 
     def start_worker(self, name: str = "worker") -> Process:
         worker = Process(name, [sys.executable, "-m", "celery", "-A", "console", "worker",
                                 "--concurrency=2", "--loglevel=INFO", "--without-gossip",
                                 "--without-mingle", "-n", f"{name}@%h"],
-                         self.env(), self.root).start()
+                         self.env(), self.root, self.repo).start()
         wait_for(lambda: b"ready." in worker.log.read_bytes() or worker.proc.poll() is not None,
                  60, f"{name} to start")
         if worker.proc.poll() is not None:
