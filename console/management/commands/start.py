@@ -36,13 +36,15 @@ class Command(BaseCommand):
         recover_validations()
         if no_serve:
             return
-        import uvicorn
+        from console import asgi
+        from serving.cli import serve
 
         self.stdout.write(f"Console and serving on http://{host}:{port}/  "
                           f"(v2 inference under /v2, API docs at /api/docs/)")
-        uvicorn.run("console.asgi:application", host=host, port=port, loop="uvloop",
-                    http="serving.protocol:GuardedHttpToolsProtocol", access_log=False,
-                    lifespan="on")
+        # SIGTERM drains the data plane (not ready, Connection: close, then stop) as mmc-serve
+        serve(asgi.application, serving=asgi.serving_app, host=host, port=port, loop="uvloop",
+              http="serving.protocol:GuardedHttpToolsProtocol", access_log=False,
+              lifespan="on")
 
     def _admin(self) -> None:
         User = get_user_model()
