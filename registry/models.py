@@ -10,6 +10,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 from knox.models import AbstractAuthToken
 
 from registry.choices import GraphOptimizationLevel, VersionStatus  # both re-exported here
@@ -178,7 +179,9 @@ class EndpointApiKey(models.Model):
 
 
 class ReplicaHeartbeat(models.Model):
-    """Observed state of one serving replica, replaced on every heartbeat."""
+    """Observed state of one serving replica, replaced on every heartbeat. The row outlives a
+    replica that stops heartbeating (it is then "lost") until an operator removes it, the replica
+    leaves gracefully, or MMC_REPLICA_FORGET_SECONDS pass."""
 
     replica = models.CharField(max_length=100, primary_key=True)
     revision = models.BigIntegerField(default=0)
@@ -187,9 +190,27 @@ class ReplicaHeartbeat(models.Model):
     address = models.CharField(max_length=200, blank=True, default="")
     started_at = models.DateTimeField()
     last_seen = models.DateTimeField()
+    # Since when its heartbeats have said it is behind the current route revision, without a
+    # break; null while it is at the current revision. Converging turns degraded past a bound.
+    behind_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["replica"]
+
+    @property
+    def lost(self) -> bool:
+        """No heartbeat within REPLICA_STALE_SECONDS: killed, hung, or cut off."""
+        silent = (timezone.now() - self.last_seen).total_seconds()
+        return silent > settings.REPLICA_STALE_SECONDS
+
+    @property
+    def lost_since(self):
+        """Its last heartbeat, when it is lost; None while it is live."""
+        return self.last_seen if self.lost else None
+
+    @property
+    def state(self) -> str:
+        return "lost" if self.lost else "live"
 
 
 class ApiToken(AbstractAuthToken):

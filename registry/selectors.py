@@ -94,12 +94,21 @@ def audit_list() -> QuerySet[AuditEvent]:
     return AuditEvent.objects.all()
 
 
-def replicas(*, include_stale: bool = False) -> list[ReplicaHeartbeat]:
+def replicas(*, include_lost: bool = False) -> list[ReplicaHeartbeat]:
+    """Live replicas (a heartbeat within REPLICA_STALE_SECONDS); with include_lost also the lost
+    ones, which stay until removed, gone gracefully or forgotten (see ReplicaHeartbeat)."""
     qs = ReplicaHeartbeat.objects.all()
-    if not include_stale:
-        cutoff = timezone.now() - timedelta(seconds=settings.REPLICA_STALE_SECONDS)
-        qs = qs.filter(last_seen__gte=cutoff)
+    if not include_lost:
+        qs = qs.filter(last_seen__gte=_lost_cutoff())
     return list(qs)
+
+
+def lost_replicas() -> list[ReplicaHeartbeat]:
+    return list(ReplicaHeartbeat.objects.filter(last_seen__lt=_lost_cutoff()))
+
+
+def _lost_cutoff():
+    return timezone.now() - timedelta(seconds=settings.REPLICA_STALE_SECONDS)
 
 
 def job_list(*, kind: str = "", status: str = "", model: str = "") -> QuerySet[Job]:

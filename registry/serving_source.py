@@ -14,6 +14,8 @@ from contextlib import contextmanager
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from knox.auth import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
@@ -129,13 +131,32 @@ class RegistrySource:
     def report(self, observed: ObservedState) -> None:
         close_old_connections()
         try:
+            now = timezone.now()
+            behind = observed.revision < current_revision()
+            # behind_since keeps its first moment while the replica stays behind (converging,
+            # then degraded past REPLICA_CONVERGE_SECONDS); at the revision it clears.
             ReplicaHeartbeat.objects.update_or_create(
                 replica=observed.replica,
                 defaults={"revision": observed.revision, "versions": observed.versions,
                           "degraded": (observed.degraded or "")[:200], "address": self.address,
-                          "started_at": self.started_at, "last_seen": timezone.now()},
+                          "started_at": self.started_at, "last_seen": now,
+                          "behind_since": Coalesce(F("behind_since"), Value(now)) if behind
+                          else None},
+                create_defaults={"revision": observed.revision, "versions": observed.versions,
+                                 "degraded": (observed.degraded or "")[:200],
+                                 "address": self.address, "started_at": self.started_at,
+                                 "last_seen": now, "behind_since": now if behind else None},
             )
             record_samples(observed.replica, observed.versions)
+        except Exception:
+            connection.close()
+            raise
+
+    def leave(self, replica: str) -> None:
+        """A graceful shutdown: drop this replica's heartbeat, so it is not shown as lost."""
+        close_old_connections()
+        try:
+            ReplicaHeartbeat.objects.filter(replica=replica).delete()
         except Exception:
             connection.close()
             raise

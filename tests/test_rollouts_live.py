@@ -198,9 +198,13 @@ def test_a_replica_killed_mid_rollout_does_not_block_the_rest_and_catches_up(
         post(engineer, "sturdy", "canary", {"version": 2, "weight": 50})
         r2.stop(sig_kill=True)
         t0 = time.monotonic()
-        body = post(engineer, "sturdy", "promote", wait=20)
-        assert body["convergence"]["replicas"] == 1
-        assert time.monotonic() - t0 < 15  # the dead one stopped counting after ~5 s
+        r = engineer.post("/api/v1/models/sturdy/endpoint/promote/?wait=20", {}, format="json")
+        assert r.status_code == 200, r.content
+        conv = r.json()["convergence"]
+        # r1 applied it; the dead one is lost after ~5 s: named, not waited for, not converged
+        assert conv["replicas"] == 1 and not conv["converged"]
+        assert [(b["replica"], b["state"]) for b in conv["laggards"]] == [("r2", "lost")]
+        assert time.monotonic() - t0 < 15
         r = httpx.post(f"{r1.url}/v2/models/sturdy/infer", json=BODY)
         assert r.headers["x-model-version"] == "2"
         back = Replica("r2", embedded=not CLUSTERED, log_dir=tmp_path, **QUIET)

@@ -19,7 +19,8 @@ register = template.Library()
 @register.inclusion_tag("console/partials/health_bar.html")
 def health_bar() -> dict:
     checks = health.checks()
-    return {"checks": checks, "all_ok": all(c.ok for c in checks)}
+    state = health.overall(checks)
+    return {"checks": checks, "state": state, "all_ok": state == "ok"}
 
 
 @register.filter

@@ -139,9 +139,10 @@ def _age(moment: datetime | None, now: datetime) -> float | None:
 
 
 def replica_rows(model_name: str, revision: int) -> tuple[list[dict], dict]:
+    """Every replica, live or lost (a lost one stays until removed or forgotten)."""
     now, prefix = timezone.now(), f"{model_name}:"
     rows = []
-    for r in selectors.replicas(include_stale=True):
+    for r in selectors.replicas(include_lost=True):
         versions = []
         for key, state in sorted((r.versions or {}).items()):
             if key.startswith(prefix):
@@ -149,20 +150,15 @@ def replica_rows(model_name: str, revision: int) -> tuple[list[dict], dict]:
                                  "reason": state.get("reason"),
                                  "queue_depth": state.get("queue_depth"),
                                  "providers": state.get("providers") or []})
-        age = _age(r.last_seen, now)
         rows.append({"replica": r.replica, "address": r.address, "revision": r.revision,
                      "applied": r.revision >= revision, "versions": versions,
                      "queue_depth": sum(v["queue_depth"] or 0 for v in versions),
-                     "age": age, "stale": age is not None and age > _stale_seconds(),
+                     "age": _age(r.last_seen, now), "lost": r.lost, "lost_since": r.lost_since,
                      "degraded": r.degraded})
-    live = [row for row in rows if not row["stale"]]
+    live = [row for row in rows if not row["lost"]]
     summary = {"live": len(live), "at_revision": sum(row["applied"] for row in live),
-               "revision": revision, "stale": len(rows) - len(live)}
+               "revision": revision, "lost": len(rows) - len(live)}
     return rows, summary
-
-
-def _stale_seconds() -> float:
-    return settings.REPLICA_STALE_SECONDS
 
 
 def analysis_context(ep) -> dict | None:

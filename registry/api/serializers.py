@@ -147,16 +147,20 @@ def _version_number(slot: str) -> serializers.IntegerField:
 
 class LaggardSerializer(serializers.Serializer):
     replica = serializers.CharField()
-    revision = serializers.IntegerField()
+    revision = serializers.IntegerField(help_text="the route revision it last reported")
+    state = serializers.ChoiceField(choices=["live", "lost"])
+    reason = serializers.CharField(help_text="e.g. 'lost: no heartbeat since 12:03:04 UTC'")
 
 
 class ConvergenceSerializer(serializers.Serializer):
-    """registry.convergence.wait_for_revision: whether every live replica applied `revision`."""
+    """registry.convergence.wait_for_revision: whether every replica applied `revision`. Lost
+    replicas are not waited for, but named as laggards: they keep `converged` false."""
 
     revision = serializers.IntegerField()
     converged = serializers.BooleanField()
     laggards = LaggardSerializer(many=True)
-    replicas = serializers.IntegerField()
+    replicas = serializers.IntegerField(help_text="live replicas")
+    lost = serializers.IntegerField(help_text="lost replicas (no heartbeat recently)")
 
 
 class EndpointSerializer(serializers.Serializer):
@@ -257,8 +261,14 @@ class TokenCreatedSerializer(TokenSerializer):
 
 class ReplicaSerializer(serializers.Serializer):
     replica = serializers.CharField()
+    state = serializers.ChoiceField(choices=["live", "lost"], help_text=(
+        "lost: no heartbeat for MMC_REPLICA_STALE_SECONDS; listed until removed (DELETE), "
+        "shut down gracefully, or forgotten after MMC_REPLICA_FORGET_SECONDS"))
+    lost_since = serializers.DateTimeField(allow_null=True, help_text="its last heartbeat, if lost")
     revision = serializers.IntegerField(help_text="the route revision it applied")
     converged = serializers.BooleanField(help_text="it applied the current revision")
+    behind_since = serializers.DateTimeField(allow_null=True, help_text=(
+        "since when it has been behind the current revision without a break"))
     versions = serializers.JSONField(help_text="loaded versions: state, providers, queue")
     degraded = serializers.CharField(help_text="why it is degraded; empty when it is not")
     address = serializers.CharField()
@@ -269,4 +279,6 @@ class ReplicaSerializer(serializers.Serializer):
 class ReplicaListSerializer(serializers.Serializer):
     revision = serializers.IntegerField(help_text="the current route revision")
     replicas = ReplicaSerializer(many=True)
-    converged = serializers.IntegerField(help_text="how many replicas applied it")
+    converged = serializers.IntegerField(help_text="how many live replicas applied it")
+    live = serializers.IntegerField()
+    lost = serializers.IntegerField()

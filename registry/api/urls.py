@@ -44,6 +44,7 @@ urlpatterns = [
     path("tokens/", views.TokenListView.as_view(), name="token-list"),
     path("tokens/<str:token_key>/", views.TokenDetailView.as_view(), name="token-detail"),
     path("replicas/", views.ReplicaListView.as_view(), name="replica-list"),
+    path("replicas/<str:replica>/", views.ReplicaDetailView.as_view(), name="replica-detail"),
     path(f"{MODEL}/async-infer/", jobs.AsyncInferView.as_view(), name="async-infer"),
     path(f"{MODEL}/batch/", jobs.BatchView.as_view(), name="batch-create"),
     path("datasets/", jobs.DatasetListView.as_view(), name="dataset-list"),

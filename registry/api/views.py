@@ -46,6 +46,7 @@ from registry.filtersets import AuditFilterSet, ModelFilterSet
 from registry.models import ApiToken, Endpoint, ModelVersion
 from registry.notify import current_revision
 from registry.roles import role_of
+from registry.services.replicas import replica_remove
 from registry.store.artifacts import default_store
 
 
@@ -367,13 +368,27 @@ class TokenDetailView(APIView):
 class ReplicaListView(APIView):
     @extend_schema(responses=ReplicaListSerializer)
     def get(self, request):
+        """Live and lost replicas; a lost one stays listed until removed or forgotten."""
         revision = current_revision()
-        rows = [{"replica": r.replica, "revision": r.revision, "converged": r.revision >= revision,
-                 "versions": r.versions, "degraded": r.degraded, "address": r.address,
-                 "started_at": r.started_at, "last_seen": r.last_seen}
-                for r in selectors.replicas()]
-        return Response({"revision": revision, "replicas": rows,
-                         "converged": sum(r["converged"] for r in rows)})
+        rows = [{"replica": r.replica, "state": r.state, "lost_since": r.lost_since,
+                 "revision": r.revision, "converged": r.revision >= revision,
+                 "behind_since": r.behind_since, "versions": r.versions,
+                 "degraded": r.degraded, "address": r.address, "started_at": r.started_at,
+                 "last_seen": r.last_seen}
+                for r in selectors.replicas(include_lost=True)]
+        live = [r for r in rows if r["state"] == "live"]
+        return Response(ReplicaListSerializer({
+            "revision": revision, "replicas": rows, "converged": sum(r["converged"] for r in live),
+            "live": len(live), "lost": len(rows) - len(live)}).data)
+
+
+class ReplicaDetailView(APIView):
+    @extend_schema(parameters=[OpenApiParameter("reason", str)], responses={204: None})
+    def delete(self, request, replica):
+        """Remove a lost replica (engineer+); a live one is refused with 409."""
+        replica_remove(name=replica, actor=actor(request),
+                       reason=request.query_params.get("reason", ""))
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 JSON_ONLY = [JSONParser]

@@ -22,6 +22,7 @@ from registry.models import Endpoint, ModelVersion, RegisteredModel
 from registry.roles import has_role
 from registry.routing import Analysis, AnalysisPlan, BlueGreen, PendingRollback
 from registry.services.deployments import keep_warm, ready_version, transition
+from registry.services.replicas import replicas_forget
 from registry.signatures import signature_differences
 
 UNLOAD_WAIT_SECONDS = 30.0
@@ -353,8 +354,9 @@ def shadow_stop(*, model_name: str, actor: Actor, reason: str = "") -> Endpoint:
 
 def housekeeping(*, actor: Actor | None = None) -> list[str]:
     """What the periodic job does besides the analysis: finish blue-green rollouts whose old
-    colour's grace period is over, complete unload-first rollbacks a crash interrupted, and drop
-    expired warm versions (replicas unload only on a new revision, so expiry must bump one)."""
+    colour's grace period is over, complete unload-first rollbacks a crash interrupted, drop
+    expired warm versions (replicas unload only on a new revision, so expiry must bump one), and
+    forget replicas lost for longer than REPLICA_FORGET_SECONDS."""
     actor = actor or Actor.system("rollout-scheduler")
     now = timezone.now()
     grace = timedelta(seconds=settings.WARM_GRACE_SECONDS)
@@ -377,6 +379,7 @@ def housekeeping(*, actor: Actor | None = None) -> list[str]:
                 done.append(f"{name}: warm versions dropped")
         except LifecycleError:  # someone changed the endpoint meanwhile: next tick looks again
             continue
+    done += [f"replica {name}: forgotten" for name in replicas_forget(actor=actor, now=now)]
     return done
 
 

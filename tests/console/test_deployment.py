@@ -334,7 +334,7 @@ def test_replica_table_shows_convergence_per_replica(page_client, deployed):
     assert html.startswith('<div id="split"')
     assert 'id="replicas" aria-labelledby="replicas-h" hx-swap-oob="true"' in html
     assert f"2/3 replicas at revision {revision}" in html
-    assert "1 stale" in html
+    assert "1 lost" in html
     row = {name: html[html.index(f'data-replica="{name}"'):].split("</tr>")[0]
            for name in ("r1", "r2", "r3", "r4")}
     assert "current" in row["r1"] and "CPUExecutionProvider" in row["r1"]
@@ -342,7 +342,7 @@ def test_replica_table_shows_convergence_per_replica(page_client, deployed):
     assert "warm-up failed: bad input" in row["r2"] and "failed" in row["r2"]
     assert "behind" in row["r3"] and "cannot reach the route source" in row["r3"]
     assert "loading" in row["r3"]
-    assert "stale" in row["r4"] and "60." in row["r4"]
+    assert 'class="lost"' in row["r4"] and ">lost</span>" in row["r4"] and "60." in row["r4"]
     assert f"The endpoint changed (revision {endpoint().revision}" in html  # rev=0 is old
 
 

@@ -230,6 +230,10 @@ def test_health_bar_says_each_state_in_words(page_client, catalog):
     ReplicaHeartbeat.objects.create(replica="old", revision=0, started_at=now,
                                     last_seen=now - timedelta(hours=1))
     html = client.get("/models/").content.decode()
+    # A replica silent for an hour is lost, not forgotten: degraded until someone removes it.
+    assert "Serving: <strong>degraded</strong>" in html and "1 lost: old, silent since" in html
+    ReplicaHeartbeat.objects.filter(replica="old").delete()
+    html = client.get("/models/").content.decode()
     assert "Serving: <strong>ok</strong>" in html and "1/1 replicas at revision" in html
 
 
