@@ -106,3 +106,41 @@ def test_cli_help_lists_every_command():
     assert r.returncode == 0, r.stderr
     for command in ("upload", "deploy", "canary", "promote", "rollback", "export", "batch"):
         assert command in r.stdout
+
+
+@pytest.mark.django_db(transaction=True)
+def test_periodic_gc_sweeps_temp_files_older_than_the_grace_and_keeps_fresh_ones(settings,
+                                                                               tmp_path):
+    import os
+    import time
+
+    from console.celery import app
+    from registry.store.artifacts import default_store
+
+    settings.ARTIFACT_ROOT = tmp_path / "artifacts"
+    settings.GC_GRACE_SECONDS = 600
+    store = default_store()
+    jobs_tmp = tmp_path / "artifacts" / "jobs" / "tmp"
+    jobs_tmp.mkdir(parents=True)
+    crashed = {store.tmp_dir / "upload-crashed": 3000, store.tmp_dir / "tmpdjango.upload": 200,
+               jobs_tmp / "in-crashed": 50}
+    fresh = store.tmp_dir / "upload-still-writing"
+    (store.tmp_dir / "a-folder").mkdir()  # not a file: left alone
+    past = time.time() - 3600
+    for path, size in crashed.items():
+        path.write_bytes(b"x" * size)
+        os.utime(path, (past, past))
+    fresh.write_bytes(b"y" * 10)
+    os.utime(store.tmp_dir / "a-folder", (past, past))
+
+    dry = collect_garbage(grace=timedelta(seconds=600), dry_run=True)
+    assert dry["temp_files"] == 3 and dry["temp_bytes"] == 3250 and all(p.exists() for p in crashed)
+
+    app.tasks["registry.gc_artifacts"]()  # what beat (or the embedded scheduler) runs
+
+    assert not any(p.exists() for p in crashed)
+    assert fresh.exists() and (store.tmp_dir / "a-folder").is_dir()
+    event = AuditEvent.objects.get(action="artifacts.gc")
+    assert event.after == {"blobs": [], "bytes": 3250, "temp_files": 3, "temp_bytes": 3250,
+                           "temp_paths": ["jobs/tmp/in-crashed", "tmp/tmpdjango.upload",
+                                          "tmp/upload-crashed"]}

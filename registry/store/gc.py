@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import timedelta
+from pathlib import Path
 
 from django.db import connection, transaction
 
@@ -49,18 +50,39 @@ def discard_unreferenced(blob: StoredBlob, *, store: ArtifactStore | None = None
 BATCH = 256
 
 
+def temp_dirs(store: ArtifactStore) -> list[Path]:
+    """Where uploads stage their bytes: the store's tmp/ (blob writer, Django's
+    FILE_UPLOAD_TEMP_DIR) and jobs/tmp/ (request bodies and datasets of jobs)."""
+    return [store.tmp_dir, store.root / "jobs" / "tmp"]
+
+
+def stale_temp_files(store: ArtifactStore, cutoff: float) -> list[Path]:
+    """Temp files not written since `cutoff`: left by a crash (kill -9, power loss) mid-upload.
+    An upload in progress keeps writing, so its file's modification time stays fresh."""
+    found = []
+    for folder in temp_dirs(store):
+        if folder.is_dir():
+            found += [p for p in folder.iterdir() if p.is_file() and _mtime(p) < cutoff]
+    return sorted(found)
+
+
 def collect_garbage(*, store: ArtifactStore | None = None, grace: timedelta = timedelta(hours=1),
                     dry_run: bool = False) -> dict:
+    """Remove blobs no version references and stale temp files, both older than `grace`; each
+    run that removes something is audited (artifacts.gc) with what it removed."""
     store = store or default_store()
     cutoff = time.time() - grace.total_seconds()
     referenced = set(ModelVersion.objects.values_list("sha256", flat=True))
     candidates = [sha for sha in store.blobs()
                   if sha not in referenced and _mtime(store.path_for(sha)) < cutoff]
-    temps = [p for p in store.tmp_dir.iterdir() if _mtime(p) < cutoff]
+    temps = stale_temp_files(store, cutoff)
     if dry_run:
         freed = sum(_size(store.path_for(sha)) for sha in candidates)
-        return {"blobs": candidates, "temp_files": len(temps), "bytes": freed, "dry_run": True}
-    removed, freed = [], 0
+        temp_bytes = sum(_size(p) for p in temps)
+        return {"blobs": candidates, "bytes": freed + temp_bytes, "temp_files": len(temps),
+                "temp_paths": [_name(store, p) for p in temps], "temp_bytes": temp_bytes,
+                "dry_run": True}
+    removed, freed, temps_removed, temp_bytes = [], 0, [], 0
     batches = [candidates[i:i + BATCH] for i in range(0, len(candidates), BATCH)]
     for i, batch in enumerate(batches or ([[]] if temps else [])):
         with transaction.atomic():
@@ -75,16 +97,40 @@ def collect_garbage(*, store: ArtifactStore | None = None, grace: timedelta = ti
             size = sum(_size(store.path_for(sha)) for sha in batch)
             for sha in batch:
                 store.remove(sha)
-            gone = temps if i == 0 else []
-            for path in gone:
-                path.unlink(missing_ok=True)
+            gone = _remove_temps(temps, cutoff) if i == 0 else []
+            gone_bytes = sum(n for _, n in gone)
+            names = [_name(store, p) for p, _ in gone]
             if batch or gone:
                 record(Actor.system("gc"), "artifacts.gc", target_type="store",
-                       target=str(store.root), after={"blobs": batch, "temp_files": len(gone),
-                                                      "bytes": size})
+                       target=str(store.root),
+                       after={"blobs": batch, "bytes": size + gone_bytes,
+                              "temp_files": len(gone), "temp_paths": names,
+                              "temp_bytes": gone_bytes})
         removed += batch
-        freed += size
-    return {"blobs": removed, "temp_files": len(temps), "bytes": freed, "dry_run": False}
+        freed += size + gone_bytes
+        temps_removed += names
+        temp_bytes += gone_bytes
+    if temps_removed:
+        log.info("removed %d stale temp file(s), %d bytes: %s", len(temps_removed), temp_bytes,
+                 ", ".join(temps_removed))
+    return {"blobs": removed, "bytes": freed, "temp_files": len(temps_removed),
+            "temp_paths": temps_removed, "temp_bytes": temp_bytes, "dry_run": False}
+
+
+def _remove_temps(temps: list[Path], cutoff: float) -> list[tuple[Path, int]]:
+    """Unlink each temp file still untouched since `cutoff` (looked at again: an upload may have
+    written to it since the listing); the removed ones with their sizes."""
+    gone = []
+    for path in temps:
+        size = _size(path)
+        if _mtime(path) < cutoff:
+            path.unlink(missing_ok=True)
+            gone.append((path, size))
+    return gone
+
+
+def _name(store: ArtifactStore, path: Path) -> str:
+    return str(path.relative_to(store.root))
 
 
 def _mtime(path) -> float:
