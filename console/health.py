@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -15,8 +17,8 @@ from registry.convergence import silent_since
 from registry.notify import current_revision, redis_client
 from registry.store.space import GIB, free_space
 
-_worker_cache: tuple[float, Check] | None = None
-WORKER_CACHE_SECONDS = 15.0
+#: Seconds a probe's answer is reused, and the longest a request waits for a fresh one.
+REDIS_TTL, WORKERS_TTL, PROBE_WAIT = 2.0, 15.0, 1.0
 
 
 @dataclass(frozen=True)
@@ -33,43 +35,90 @@ class Check:
 
 
 def database() -> Check:
+    """In the request's own thread (its connection is the one that matters), bounded by the
+    connect timeout of the settings."""
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
         return Check("Database", True, f"{connection.vendor} reachable")
     except Exception as exc:  # shown, never raised: the bar must render while degraded
+        connection.close()  # a broken connection must not stick once the database is back
         return Check("Database", False, f"unreachable: {exc.__class__.__name__}")
 
 
-def redis() -> Check | None:
-    client = redis_client()
-    if client is None:
-        return None
+class Probe:
+    """A slow check run off the request thread, at most one in flight per process: a request
+    waits at most PROBE_WAIT seconds for a fresh answer, else gets the last one, or "not
+    answering" once the probe has been stuck longer than that. A hung dependency therefore
+    costs one thread, not one per request (which once wedged the console for good)."""
+
+    def __init__(self, name: str, run: Callable[[], Check], ttl: float):
+        self.name, self.run, self.ttl = name, run, ttl
+        self._lock = threading.Lock()
+        self._result: tuple[float, Check] | None = None
+        self._running: tuple[float, threading.Thread] | None = None
+
+    def __call__(self) -> Check:
+        now = time.monotonic()
+        with self._lock:
+            if self._result and now - self._result[0] < self.ttl:
+                return self._result[1]
+            if self._running is None:
+                thread = threading.Thread(target=self._probe, name=f"mmc-probe-{self.name}",
+                                          daemon=True)
+                self._running = (now, thread)
+                thread.start()
+            started, thread = self._running
+        thread.join(PROBE_WAIT)
+        with self._lock:
+            if self._result and self._result[0] >= started:
+                return self._result[1]
+            stuck = time.monotonic() - started
+            if stuck >= PROBE_WAIT:
+                return Check(self.name, False, f"not answering for {stuck:.0f} s")
+            return self._result[1] if self._result else Check(self.name, False, "checking")
+
+    def _probe(self) -> None:
+        try:
+            check = self.run()
+        except Exception as exc:  # a probe never raises into its thread
+            check = Check(self.name, False, f"unknown: {exc.__class__.__name__}")
+        with self._lock:
+            self._result, self._running = (time.monotonic(), check), None
+
+
+def _ping_redis() -> Check:
     try:
-        client.ping()
+        redis_client().ping()  # socket timeouts: registry.notify.redis_client
         return Check("Redis", True, "reachable")
     except Exception as exc:
         return Check("Redis", False, f"unreachable: {exc.__class__.__name__}")
 
 
+def _ping_workers() -> Check:
+    from console.celery import app
+
+    try:
+        replies = app.control.ping(timeout=0.5) or []
+    except Exception as exc:
+        return Check("Workers", False, f"unknown: {exc.__class__.__name__}")
+    return (Check("Workers", True, f"{len(replies)} online") if replies
+            else Check("Workers", False, "none online: uploads stay validating"))
+
+
+_redis_probe = Probe("Redis", _ping_redis, REDIS_TTL)
+_workers_probe = Probe("Workers", _ping_workers, WORKERS_TTL)
+
+
+def redis() -> Check | None:
+    return _redis_probe() if redis_client() is not None else None
+
+
 def workers() -> Check:
-    """Embedded mode runs jobs in-process; clustered mode asks Celery (cached: a ping is slow)."""
-    global _worker_cache
+    """Embedded mode runs jobs in-process; clustered mode asks Celery (a broadcast ping)."""
     if not settings.CLUSTERED:
         return Check("Workers", True, "in-process")
-    now = time.monotonic()
-    if _worker_cache and now - _worker_cache[0] < WORKER_CACHE_SECONDS:
-        return _worker_cache[1]
-    try:
-        from console.celery import app
-
-        replies = app.control.ping(timeout=0.5) or []
-        check = (Check("Workers", True, f"{len(replies)} online") if replies
-                 else Check("Workers", False, "none online: uploads stay validating"))
-    except Exception as exc:
-        check = Check("Workers", False, f"unknown: {exc.__class__.__name__}")
-    _worker_cache = (now, check)
-    return check
+    return _workers_probe()
 
 
 def serving() -> Check:

@@ -91,8 +91,8 @@ class VersionSerializer(serializers.ModelSerializer):
         model = ModelVersion
         fields = ["model", "number", "status", "failure_reason", "sha256", "size_bytes", "format",
                   "original_filename", "signature", "metadata", "validation_report",
-                  "max_batch_size", "preferred_batch_sizes", "max_queue_delay_us",
-                  "max_queue_size", "instance_count", "intra_op_threads",
+                  "validation_attempts", "max_batch_size", "preferred_batch_sizes",
+                  "max_queue_delay_us", "max_queue_size", "instance_count", "intra_op_threads",
                   "graph_optimization_level", "max_output_bytes", "aliases", "created_by",
                   "created_at", "artifact_url"]
 
@@ -234,7 +234,8 @@ class VersionUploadSerializer(VersionSerializer):
     """An upload's answer: the version, and whether this upload created it."""
 
     created = serializers.BooleanField(help_text="false: the same bytes were already a version")
-    detail = serializers.CharField(required=False, help_text="why nothing was created")
+    detail = serializers.CharField(required=False, help_text=(
+        "why nothing was created, or why validation waits (task queue unreachable)"))
 
     class Meta(VersionSerializer.Meta):
         fields = [*VersionSerializer.Meta.fields, "created", "detail"]

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import APIView
 
-from registry import selectors, services
+from registry import background, selectors, services
 from registry.api.parsers import JSONParser, loads
 from registry.api.serializers import (
     AliasSerializer,
@@ -139,12 +139,17 @@ def _metadata(raw) -> dict | None:
     return value
 
 
-def _upload_response(version, created: bool) -> Response:
+def _upload_response(version, created: bool, unsent: list[tuple[str, str]]) -> Response:
     body = VersionSerializer(version).data
     body["created"] = created
     if not created:
         body["detail"] = (f"identical artifact (sha256 {version.sha256[:12]}…) is already "
                           f"version {version.number}; nothing was created")
+    elif unsent := [reason for name, reason in unsent if name == "registry.validate_version"]:
+        within = settings.VALIDATION_LEASE_SECONDS + settings.RECOVERY_TICK_SECONDS
+        body["detail"] = (f"stored as version {version.number}, but its validation could not be "
+                          f"queued now ({unsent[0]}); it is queued again automatically within "
+                          f"{within:.0f} s of the task queue answering")
     return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
@@ -184,11 +189,12 @@ class VersionListView(DiscardsRefusedUpload, generics.ListAPIView):
         upload = request.FILES.get("file")
         if upload is None:
             raise InvalidRequest("multipart field 'file' is missing", field="file")
-        version, created = services.version_upload(
-            model_name=name, blob=upload.blob, actor=actor(request), filename=upload.name,
-            metadata=_metadata(request.data.get("metadata")),
-        )
-        return _upload_response(version, created)
+        with background.unsent_tasks() as unsent:
+            version, created = services.version_upload(
+                model_name=name, blob=upload.blob, actor=actor(request), filename=upload.name,
+                metadata=_metadata(request.data.get("metadata")),
+            )
+        return _upload_response(version, created, unsent)
 
 
 class VersionRawUploadView(DiscardsRefusedUpload, APIView):
@@ -204,13 +210,14 @@ class VersionRawUploadView(DiscardsRefusedUpload, APIView):
         _check_uploadable(request, name)
         blob = default_store().writer().read_from(request._request.read).finish()
         remember_blob(request._request, blob)
-        version, created = services.version_upload(
-            model_name=name, blob=blob, actor=actor(request),
-            filename=request.query_params.get("filename", ""),
-            metadata=_metadata(request.query_params.get("metadata")
-                               or request.headers.get("X-Model-Metadata")),
-        )
-        return _upload_response(version, created)
+        with background.unsent_tasks() as unsent:
+            version, created = services.version_upload(
+                model_name=name, blob=blob, actor=actor(request),
+                filename=request.query_params.get("filename", ""),
+                metadata=_metadata(request.query_params.get("metadata")
+                                   or request.headers.get("X-Model-Metadata")),
+            )
+        return _upload_response(version, created, unsent)
 
 
 class VersionDetailView(APIView):
