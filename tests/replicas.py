@@ -68,6 +68,14 @@ def replicas(n: int, *, embedded: bool, log_dir: Path, **env):
     try:
         for r in started:
             r.wait_live()
+        # ?wait counts the replicas that have reported: one live but not yet heard from would
+        # let a deploy call itself converged before that replica loaded anything.
+        from registry.models import ReplicaHeartbeat
+
+        names = {r.name for r in started}
+        wait_until(lambda: set(ReplicaHeartbeat.objects.filter(replica__in=names)
+                               .values_list("replica", flat=True)) == names,
+                   timeout=30, what=f"replicas {sorted(names)} to report")
         yield started
     finally:
         for r in started:
