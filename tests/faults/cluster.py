@@ -235,6 +235,25 @@ class Cluster:
             raise RuntimeError(worker.tail())
         return worker
 
+    def start_replica(self, name: str, port: int | None = None, **env) -> Process:
+        """An `mmc-serve --registry` replica of this cluster's product (its own session, its log
+        in root/<name>.log, appended to on a restart): `.port` and `.url` say where it listens.
+        The caller stops it (`stop()`: SIGTERM, `kill9()`)."""
+        port = port or free_port()
+        replica = Process(name, [sys.executable, "-m", "serving.cli", "--registry", "--port",
+                                 str(port), "--replica", name],
+                          self.env(**env), self.root, self.repo).start()
+        replica.port, replica.url = port, f"http://127.0.0.1:{port}"
+        return replica
+
+    def restart_console(self, timeout: float = 60) -> Process:
+        """A new console process on the same port (after a kill9 or stop of the old one)."""
+        old = self.console
+        self.console = Process("console", old.cmd, old.env, self.root, self.repo).start()
+        wait_for(lambda: self.get("/api/v1/models/", timeout=5).status_code == 200, timeout,
+                 "console to start again")
+        return self.console
+
     def down(self) -> None:
         for proc in (self.beat, self.worker, self.console):
             if proc:
