@@ -140,3 +140,17 @@ def test_not_found_is_not_mistaken_for_an_outage(engineer_session, monkeypatch):
 
     monkeypatch.setattr(selectors, "model_list", missing)
     assert engineer_session.get("/api/v1/models/").status_code == 404
+
+
+@pytest.mark.django_db
+def test_a_value_the_database_cannot_store_is_a_400_not_a_500(engineer_session, monkeypatch):
+    from django.db import DataError
+
+    def refuse():
+        raise DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+
+    monkeypatch.setattr(selectors, "model_list", refuse)
+    r = engineer_session.get("/api/v1/models/")
+    assert r.status_code == 400
+    assert r.json()["error"] == ("a value cannot be stored: PostgreSQL text fields cannot "
+                                 "contain NUL (0x00) bytes")

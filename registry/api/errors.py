@@ -15,6 +15,7 @@ from django.core.exceptions import (
     TooManyFieldsSent,
     TooManyFilesSent,
 )
+from django.db import DataError
 from django.http import Http404, HttpResponse, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions, status
@@ -46,6 +47,8 @@ def exception_handler(exc, context):
         exc = PayloadTooLarge(f"request body too large: {exc}")
     elif isinstance(exc, TooManyFieldsSent | TooManyFilesSent | SuspiciousOperation):
         exc = InvalidRequest(f"request refused: {exc}")
+    elif isinstance(exc, DataError):  # e.g. a NUL byte in text PostgreSQL cannot store
+        exc = InvalidRequest(f"a value cannot be stored: {_first_line(exc)}")
     if isinstance(exc, RegistryError):
         body = {"error": exc.message}
         if exc.field:
@@ -118,8 +121,12 @@ def page_not_found(request, exception, *args, **kwargs):
 DATABASE_RETRY_AFTER = 5
 
 
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+
+
 def _database_down(request, exc: BaseException) -> HttpResponse:
-    reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    reason = _first_line(exc)
     if _api(request):
         response = JsonResponse({"error": f"database unavailable ({reason}); try again shortly",
                                  "retry_after": DATABASE_RETRY_AFTER}, status=503)
@@ -137,6 +144,10 @@ def server_error(request, *args, **kwargs):
     exc = sys.exc_info()[1]
     if database_unavailable(exc):
         return _database_down(request, exc)
+    if isinstance(exc, DataError):  # a form value the database refuses: the client's to fix
+        message = f"a value cannot be stored: {_first_line(exc)}"
+        return (_json(message, 400) if _api(request)
+                else HttpResponse(message, status=400, content_type="text/plain; charset=utf-8"))
     if _api(request):
         rid = getattr(request, "request_id", "")
         return _json("internal server error; it is logged" + (
