@@ -39,11 +39,11 @@ def token_page(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return _render(request, TokenCreateForm())
     form = TokenCreateForm(request.POST)
-    if not TokenCreateThrottle().allow_request(request, None):
-        messages.error(request, "Too many tokens created recently: try again later.")
-        return _render(request, form, status=429)
     if not form.is_valid():
         return _render(request, form, status=400)
+    if not TokenCreateThrottle().allow_request(request, None):  # the API's limit, same count
+        messages.error(request, "Too many tokens created recently: try again later.")
+        return _render(request, form, status=429)
     result = run_service(request, access.token_create, username=request.user.get_username(),
                          name=form.cleaned_data["name"],
                          expires_in_days=form.cleaned_data["expires_in_days"],
