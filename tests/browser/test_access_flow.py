@@ -53,7 +53,7 @@ def test_an_engineer_makes_a_token_on_the_page_and_ci_uploads_and_deploys_with_i
         r = api.post("/api/v1/models/from-ci/endpoint/deploy/", json={"version": 1})
         assert r.status_code == 200 and r.json()["stable"] == 1
 
-    page.reload()  # the raw token is gone; the row says it was used
+    page.goto(f"{base}/tokens/")  # the raw token is gone; the row says it was used
     assert page.locator("#new-token").count() == 0
     assert "never" not in page.inner_text("#token-table tbody tr:first-child td:nth-child(5)")
 
@@ -102,6 +102,11 @@ def test_an_admin_manages_a_user_whose_token_stops_when_deactivated(live_server,
     page.wait_for_selector(".msg-error >> text=last active admin")
     shot(page, "access-03-users-last-admin")
 
+    page.goto(f"{base}/tokens/")  # an admin sees (and may revoke) everyone's tokens
+    row = page.locator("#token-table tbody tr", has_text="sam")
+    assert row.count() == 1
+    shot(page, "access-06-tokens-admin")
+
 
 def test_a_protected_endpoint_has_its_badge_and_try_it_fills_the_new_key(live_server, users,
                                                                          page, shot,
@@ -127,6 +132,7 @@ def test_a_protected_endpoint_has_its_badge_and_try_it_fills_the_new_key(live_se
 
     page.goto(f"{base}/models/scorer/")
     assert page.inner_text("#endpoint-h .badge") == "protected"
+    shot(page, "access-07-model-protected")
     page.goto(f"{base}/models/scorer/versions/1/")
     assert page.inner_text("h1 .badge-protected") == "protected"
     assert page.input_value("#try-key") == raw  # created in this tab: filled in
