@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import Count, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models import Count, OuterRef, Prefetch, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -137,11 +137,6 @@ def user_get(username: str):
     if user is None:
         raise NotFound(f"no user {username!r}", field="username")
     return user
-
-
-def active_admin_count() -> int:
-    return get_user_model().objects.filter(is_active=True).filter(
-        Q(is_superuser=True) | Q(groups__name="admin")).distinct().count()
 
 
 def audit_list() -> QuerySet[AuditEvent]:
