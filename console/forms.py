@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from django import forms
 
 from registry.choices import RollbackOrder
+from registry.roles import ROLES
 from registry.routing import AnalysisPlan
 
 PLAN = AnalysisPlan()  # the automated canary's defaults, offered as the plan fields' initial values
@@ -161,3 +162,33 @@ def error_text(form: forms.Form) -> str:
     """All of a form's errors on one line, for a message."""
     return "; ".join(f"{'' if field == '__all__' else field + ': '}{' '.join(errs)}"
                      for field, errs in form.errors.items())
+
+
+# -- access: API tokens, users, predict keys --------------------------------------------------
+
+
+class TokenCreateForm(forms.Form):
+    name = forms.CharField(max_length=100, label="Name",
+                           help_text="what it is for, e.g. laptop, ci-train-pipeline")
+    expires_in_days = forms.IntegerField(min_value=1, max_value=3650, initial=90,
+                                         label="Expires in (days)")
+    read_only = forms.BooleanField(required=False, label="Read-only",
+                                   help_text="it may only read, whatever your role")
+
+
+class UserCreateForm(forms.Form):
+    username = forms.CharField(max_length=150, label="Username")
+    email = forms.EmailField(required=False, label="Email")
+    role = forms.ChoiceField(choices=[(r, r) for r in ROLES], initial="viewer", label="Role")
+    password = forms.CharField(required=False, label="Initial password",
+                               widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+                               help_text="leave empty to generate one (shown once)")
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(choices=[(r, r) for r in ROLES], label="Role")
+
+
+class PredictKeyForm(forms.Form):
+    name = forms.CharField(max_length=64, label="Key name",
+                           help_text="who uses it, e.g. checkout-service")

@@ -81,6 +81,9 @@ REPLICA_STALE_SECONDS = env.float("MMC_REPLICA_STALE_SECONDS", default=10.0)
 REPLICA_FORGET_SECONDS = env.float("MMC_REPLICA_FORGET_SECONDS", default=24 * 3600.0)
 # A live replica behind the current revision is "converging" this long, then "degraded".
 REPLICA_CONVERGE_SECONDS = env.float("MMC_REPLICA_CONVERGE_SECONDS", default=30.0)
+# Every endpoint needs a predict key: one without any refuses all inference (401) until a key is
+# created. On by default clustered (shared, networked), off embedded (one person's machine).
+REQUIRE_PREDICT_KEYS = env.bool("MMC_REQUIRE_PREDICT_KEYS", default=CLUSTERED)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -152,7 +155,8 @@ AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_IPWARE_META_PRECEDENCE_ORDER = env.list("MMC_CLIENT_IP_HEADERS", default=["REMOTE_ADDR"])
 AXES_IPWARE_PROXY_COUNT = env.int("MMC_PROXY_COUNT", default=None)
 AXES_VERBOSE = False
-# API tokens: each admin may create this many per period (DRF throttle; "20/hour").
+# API tokens: each user may create this many per period (DRF throttle; "20/hour"), by the API
+# or on the console's tokens page.
 TOKEN_CREATE_RATE = env.str("MMC_TOKEN_CREATE_RATE", default="20/hour")
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -200,7 +204,7 @@ CONTENT_SECURITY_POLICY = {
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "knox.auth.TokenAuthentication",
+        "registry.api.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["registry.api.permissions.RolePermission"],

@@ -4,7 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
-from .views import audit, deployment, health, jobs, models, versions
+from .views import audit, deployment, health, jobs, keys, models, tokens, users, versions
 
 app_name = "console"
 M = "models/<str:name>"
@@ -26,10 +26,22 @@ urlpatterns = [
     path(f"{M}/deployment/", deployment.deployment_page, name="deployment"),
     path(f"{M}/deployment/charts/", deployment.deployment_charts, name="deployment-charts"),
     path(f"{M}/deployment/live/", deployment.deployment_live, name="deployment-live"),
+    # before deployment-action, whose <op> would take "keys"
+    path(f"{M}/deployment/keys/", keys.key_create, name="key-create"),
+    path(f"{M}/deployment/keys/<str:prefix>/revoke/", keys.key_revoke, name="key-revoke"),
     path(f"{M}/deployment/<str:op>/", deployment.deployment_action, name="deployment-action"),
     path("jobs/", jobs.job_list, name="job-list"),
     path("jobs/<uuid:job_id>/", jobs.job_detail, name="job-detail"),
     path("jobs/<uuid:job_id>/cancel/", jobs.job_cancel, name="job-cancel"),
+    path("tokens/", tokens.token_page, name="tokens"),
+    path("tokens/<str:token_key>/revoke/", tokens.token_revoke, name="token-revoke"),
+    path("users/", users.user_page, name="users"),
+    path("users/<str:username>/role/", users.user_role, name="user-role"),
+    path("users/<str:username>/deactivate/", users.user_active, {"active": False},
+         name="user-deactivate"),
+    path("users/<str:username>/reactivate/", users.user_active, {"active": True},
+         name="user-reactivate"),
+    path("users/<str:username>/password/", users.user_password, name="user-password"),
     path("health/", health.health_partial, name="health"),
     path("audit/", audit.audit_list, name="audit-list"),
     path("audit/export.csv", audit.audit_csv, name="audit-csv"),

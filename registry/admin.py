@@ -14,11 +14,12 @@ from registry.models import (
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ("name", "user", "token_key", "created", "expiry")
-    list_filter = ("user",)
+    list_display = ("name", "user", "token_key", "read_only", "created", "last_used_at", "expiry")
+    list_filter = ("user", "read_only")
     search_fields = ("name", "user__username", "token_key")
-    readonly_fields = ("digest", "token_key", "created")
-    fields = ("name", "user", "expiry", "token_key", "digest", "created")
+    readonly_fields = ("digest", "token_key", "created", "last_used_at")
+    fields = ("name", "user", "read_only", "expiry", "token_key", "digest", "created",
+              "last_used_at")
 
     def has_add_permission(self, request) -> bool:  # the raw token is only shown by the API/CLI
         return False

@@ -214,9 +214,12 @@ class ReplicaHeartbeat(models.Model):
 
 
 class ApiToken(AbstractAuthToken):
-    """A named API token for CI (knox stores only its digest)."""
+    """A named API token for CI (knox stores only its digest). A read-only token may only read,
+    whatever its user's role; `last_used_at` is refreshed at most once a minute."""
 
     name = models.CharField(max_length=100, default="token")
+    read_only = models.BooleanField(default=False)
+    last_used_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created"]

@@ -15,7 +15,7 @@ def role_of(user) -> str | None:
     cached = getattr(user, "_mmc_role", False)
     if cached is not False:
         return cached
-    names = set(user.groups.values_list("name", flat=True))
+    names = {group.name for group in user.groups.all()}  # uses prefetch_related("groups")
     role = next((r for r in reversed(ROLES) if r in names), None)
     user._mmc_role = role
     return role

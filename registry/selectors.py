@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db.models import Count, OuterRef, Prefetch, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -12,8 +14,10 @@ from django.utils import timezone
 from registry.errors import LifecycleError, NotFound
 from registry.models import (
     Alias,
+    ApiToken,
     AuditEvent,
     Endpoint,
+    EndpointApiKey,
     Job,
     ModelVersion,
     RegisteredModel,
@@ -88,6 +92,51 @@ def alias_list(model: RegisteredModel) -> QuerySet[Alias]:
 def endpoint_get(model: RegisteredModel) -> Endpoint | None:
     return (Endpoint.objects.select_related("stable", "candidate", "blue", "green", "shadow")
             .filter(model=model).first())
+
+
+@dataclass(frozen=True)
+class EndpointAccess:
+    """Who may call an endpoint's /infer: its active predict keys, and whether this installation
+    requires a key everywhere (MMC_REQUIRE_PREDICT_KEYS)."""
+
+    keys: list[EndpointApiKey]
+    required: bool
+
+    @property
+    def protected(self) -> bool:
+        return bool(self.keys) or self.required
+
+    @property
+    def refusing_all(self) -> bool:
+        """Keys are required and this endpoint has none: every inference is refused (401)."""
+        return self.required and not self.keys
+
+
+def endpoint_access(endpoint: Endpoint | None) -> EndpointAccess:
+    keys = [] if endpoint is None else list(
+        endpoint.api_keys.filter(revoked_at__isnull=True).select_related("created_by")
+        .order_by("-created_at", "-id"))
+    return EndpointAccess(keys=keys, required=settings.REQUIRE_PREDICT_KEYS)
+
+
+def token_list(*, user=None) -> QuerySet[ApiToken]:
+    """Every API token (an admin's view), or only `user`'s; newest first."""
+    tokens = ApiToken.objects.select_related("user").order_by("-created")
+    return tokens if user is None else tokens.filter(user=user)
+
+
+def user_list() -> QuerySet:
+    """Users with their groups (for the role) and how many API tokens each holds."""
+    return (get_user_model().objects.prefetch_related("groups")
+            .annotate(token_count=Count("auth_token_set", distinct=True))
+            .order_by("username"))
+
+
+def user_get(username: str):
+    user = user_list().filter(username=username).first()
+    if user is None:
+        raise NotFound(f"no user {username!r}", field="username")
+    return user
 
 
 def audit_list() -> QuerySet[AuditEvent]:

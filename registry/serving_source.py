@@ -17,9 +17,10 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
-from knox.auth import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
+from registry.api.authentication import ApiTokenAuthentication
+from registry.api.permissions import READ_ONLY_REFUSAL
 from registry.audit import Actor
 from registry.errors import RegistryError
 from registry.integrations.tensorrt import BUILT
@@ -83,7 +84,8 @@ def build_desired_state() -> DesiredState:
     routes, specs = {}, {}
     for ep in endpoints:
         ready = routings[ep.pk].map(versions.get)  # a version not (or no longer) ready drops out
-        route = model_route(ep.model.name, ready, frozenset(keys.get(ep.pk, ())))
+        route = model_route(ep.model.name, ready, frozenset(keys.get(ep.pk, ())),
+                            keys_required=settings.REQUIRE_PREDICT_KEYS)
         if not route.versions():
             continue
         routes[route.model] = route
@@ -93,15 +95,15 @@ def build_desired_state() -> DesiredState:
     return DesiredState(revision=revision, routes=routes, versions=specs)
 
 
-def model_route(model: str, routing: Routing[ModelVersion], api_key_hashes: frozenset[str]
-                ) -> ModelRoute:
+def model_route(model: str, routing: Routing[ModelVersion], api_key_hashes: frozenset[str], *,
+                keys_required: bool = False) -> ModelRoute:
     """The data plane's route for one model: the one place registry routing meets serving's."""
     ref = routing.map(lambda v: str(v.number))
     return ModelRoute(
         model=model, stable=ref.stable, candidate=ref.candidate,
         candidate_weight=ref.candidate_weight if ref.candidate else 0,
         blue=ref.blue, green=ref.green, live_color=ref.live_color or None, shadow=ref.shadow,
-        warm=ref.warm, api_key_hashes=api_key_hashes)
+        warm=ref.warm, api_key_hashes=api_key_hashes, keys_required=keys_required)
 
 
 class RegistrySource:
@@ -215,9 +217,11 @@ class RegistrySource:
         if len(parts) != 2 or parts[0].lower() != "bearer":
             raise Unauthorized("repository load/unload needs 'Authorization: Bearer <API token>'")
         try:
-            user, _ = TokenAuthentication().authenticate_credentials(parts[1].encode())
+            user, token = ApiTokenAuthentication().authenticate_credentials(parts[1].encode())
         except AuthenticationFailed:
             raise Unauthorized("invalid or expired API token") from None
+        if token.read_only:
+            raise Forbidden(READ_ONLY_REFUSAL)
         if not has_role(user, "engineer"):
             raise Forbidden("repository load/unload needs the engineer role")
         return Actor(user=user, name=user.get_username(), request_id="",

@@ -171,7 +171,7 @@ class DataPlane:
     def _keyed(self, model: str, api_key: str | None) -> ModelRoute:
         """The model's route, once the caller showed its key (if it has keys), as infer asks."""
         route = self._route(model)
-        if route.api_key_hashes:
+        if route.protected:
             _authorize(route, api_key)
         return route
 
@@ -240,7 +240,7 @@ class DataPlane:
         route = table.routes.get(model)
         if route is None:
             raise self.unknown_model(model)
-        if route.api_key_hashes:
+        if route.protected:
             _authorize(route, api_key)
         if version is None:
             version = route.pick(routing_key)
@@ -500,12 +500,16 @@ def _runtime_error(model: str, version: str, exc: Exception, budget: int) -> Ser
 
 def _opens(route: ModelRoute | None, api_key: str | None) -> bool:
     """Whether the caller may read about this route: it has no keys, or the caller's is one."""
-    if route is None or not route.api_key_hashes:
+    if route is None or not route.protected:
         return True
     return bool(api_key) and api_key_hash(api_key) in route.api_key_hashes
 
 
 def _authorize(route: ModelRoute, api_key: str | None) -> None:
+    if not route.api_key_hashes:  # keys are required here, and this endpoint has none yet
+        raise Unauthorized(f"model '{route.model}' has no predict key and this server requires "
+                           "one for every model: create a key for its endpoint (console "
+                           "deployment page, or POST /api/v1/models/<name>/endpoint/keys/)")
     if not api_key:
         raise Unauthorized(f"model '{route.model}' needs an API key "
                            "(Authorization: Bearer <key> or X-Api-Key)")

@@ -79,6 +79,14 @@ class ModelRoute:
     shadow: str | None = None
     warm: tuple[str, ...] = ()
     api_key_hashes: frozenset[str] = frozenset()
+    # The registry requires predict keys everywhere (MMC_REQUIRE_PREDICT_KEYS): a route without
+    # keys then refuses every request instead of being open.
+    keys_required: bool = False
+
+    @property
+    def protected(self) -> bool:
+        """Whether a request must show one of the route's keys (with none, nothing gets in)."""
+        return bool(self.api_key_hashes) or self.keys_required
 
     def versions(self) -> set[str]:
         """Every version this route needs loaded on a replica."""

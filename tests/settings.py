@@ -12,6 +12,8 @@ os.environ.setdefault("MMC_HEARTBEAT_SECONDS", "0.5")
 os.environ.setdefault("MMC_POLL_SECONDS", "0.5")
 os.environ.setdefault("MMC_REPLICA_STALE_SECONDS", "5")
 os.environ.setdefault("MMC_METRICS_BUCKET_SECONDS", "1")
+# Endpoints without keys stay open unless a spec turns this on (it is on by default clustered).
+os.environ.setdefault("MMC_REQUIRE_PREDICT_KEYS", "0")
 os.environ.setdefault("MMC_OUTBOUND_ALLOW", "127.0.0.1/32,::1/128,localhost")  # test receivers
 if os.environ.get("REDIS_URL"):
     os.environ.setdefault("SECRET_KEY", "test-only-secret-key")

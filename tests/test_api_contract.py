@@ -95,7 +95,9 @@ def world(db, keep_connection):
         "path": {"name": "contract", "number": 1, "alias": "production", "prefix": key.prefix,
                  "dataset_id": str(dataset.pk), "job_id": str(job.pk), "id": hook.pk,
                  # never the caller's own token: revoking it would end the run
-                 "token_key": engineer_token.token_key},
+                 "token_key": engineer_token.token_key,
+                 # never the caller: deactivating it would end the run
+                 "username": "engineer"},
     }
 
 

@@ -40,6 +40,20 @@ def status_badge(status: str):
                        VersionStatus.help_for(status))
 
 
+@register.simple_tag
+def access_badge(access):
+    """An endpoint's predict-key protection as a word: protected (a key is needed) or open."""
+    if access.refusing_all:
+        return format_html('<span class="badge badge-protected" title="{}">protected · no key '
+                           'yet</span>', "keys are required here and this endpoint has none: "
+                           "every request is refused until one is created")
+    if access.protected:
+        return format_html('<span class="badge badge-protected" title="{}">protected</span>',
+                           "requests need one of this endpoint's predict keys")
+    return format_html('<span class="badge badge-open" title="{}">open</span>',
+                       "anyone who can reach /v2 may call it: no key needed")
+
+
 @register.inclusion_tag("console/partials/field.html")
 def render_field(field: BoundField, note: str = "", **attrs) -> dict:
     """One form field as the console lays it out: its label, its widget (a checkbox before its

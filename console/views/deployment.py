@@ -27,6 +27,7 @@ from .. import charts
 from ..forms import (
     BlueGreenDeployForm,
     CanaryForm,
+    PredictKeyForm,
     ReasonForm,
     RollbackForm,
     ShadowStartForm,
@@ -233,14 +234,26 @@ def controls_context(request: HttpRequest, model, ep) -> dict:
     }
 
 
-@require_GET
-@requires("viewer")
-def deployment_page(request: HttpRequest, name: str) -> HttpResponse:
+def render_deployment(request: HttpRequest, name: str, *, new_key: dict | None = None,
+                      key_form: PredictKeyForm | None = None, status: int = 200) -> HttpResponse:
+    """The whole page; `new_key` (just created: shown once) and `key_form` (with its errors)
+    come from the predict key form (console/views/keys.py)."""
     model = found(selectors.model_get, name)
     ep = selectors.endpoint_get(model)
     context = live_context(request, model, ep)  # the charts load right after, from their partial
-    context.update(controls_context(request, model, ep), nav="models")
-    return render(request, "console/deployment.html", context)
+    context.update(controls_context(request, model, ep), nav="models",
+                   access=selectors.endpoint_access(ep), new_key=new_key,
+                   key_form=key_form or PredictKeyForm(auto_id="key-%s"))
+    response = render(request, "console/deployment.html", context, status=status)
+    if new_key:
+        response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_GET
+@requires("viewer")
+def deployment_page(request: HttpRequest, name: str) -> HttpResponse:
+    return render_deployment(request, name)
 
 
 @require_GET

@@ -86,6 +86,7 @@ def model_detail(request: HttpRequest, name: str) -> HttpResponse:
     context = version_rows_context(request, model)
     context.update(
         aliases=selectors.alias_list(model),
+        access=selectors.endpoint_access(context["endpoint"]),
         # PUT of the raw body: the multipart POST endpoint fails under session auth (CSRF reads
         # the body before the view sets its upload handler); same service, same progress events.
         upload_url=reverse("api:version-upload-raw", kwargs={"name": model.name}),

@@ -30,6 +30,7 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
     builds = (version.validation_report or {}).get("tensorrt") or {}
     context = {
         "model": version.model, "version": version, "signature": signature,
+        "access": selectors.endpoint_access(selectors.endpoint_get(version.model)),
         "inputs": inputs, "outputs": outputs,
         "report": version.validation_report or {},
         "engines": [{"precision": p, **builds.get(p, {})} for p in PRECISIONS],

@@ -211,16 +211,53 @@ class NameSerializer(serializers.Serializer):
 
 class TokenSerializer(serializers.ModelSerializer):
     user = serializers.CharField(source="user.username")
+    read_only = serializers.BooleanField(help_text="the token may only read (GET/HEAD/OPTIONS)")
+    last_used_at = serializers.DateTimeField(allow_null=True, help_text=(
+        "when it last authenticated a request (updated at most once a minute)"))
 
     class Meta:
         model = ApiToken
-        fields = ["token_key", "name", "user", "created", "expiry"]
+        fields = ["token_key", "name", "user", "created", "expiry", "read_only", "last_used_at"]
 
 
 class TokenCreateSerializer(serializers.Serializer):
-    user = serializers.CharField()
+    user = serializers.CharField(required=False, help_text=(
+        "admins only: whose token it is (default: the caller's own)"))
     name = serializers.CharField(max_length=100)
     expires_in_days = serializers.IntegerField(required=False, allow_null=True, default=90)
+    read_only = serializers.BooleanField(required=False, default=False, help_text=(
+        "the token may only read, whatever its user's role"))
+
+
+class UserSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    email = serializers.CharField()
+    role = serializers.CharField(allow_null=True, help_text="viewer, engineer or admin; null: none")
+    is_active = serializers.BooleanField()
+    is_superuser = serializers.BooleanField()
+    date_joined = serializers.DateTimeField()
+    last_login = serializers.DateTimeField(allow_null=True)
+    token_count = serializers.IntegerField(help_text="API tokens the user holds")
+
+
+class UserCreateSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    email = serializers.EmailField(required=False, allow_blank=True, default="")
+    role = serializers.ChoiceField(choices=["viewer", "engineer", "admin"])
+    password = serializers.CharField(required=False, allow_blank=True, default="",
+                                     write_only=True, help_text=(
+                                         "initial password; leave out to have one generated "
+                                         "(returned once)"))
+
+
+class UserCreatedSerializer(UserSerializer):
+    password = serializers.CharField(allow_null=True, help_text=(
+        "the generated password, shown once (null when one was given)"))
+
+
+class UserUpdateSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=["viewer", "engineer", "admin"], required=False)
+    is_active = serializers.BooleanField(required=False)
 
 
 class AuditEventSerializer(serializers.ModelSerializer):

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from registry.api import integrations, jobs, rollouts, views
+from registry.api import access, integrations, jobs, rollouts, views
 
 app_name = "api"
 MODEL = "models/<str:name>"  # every per-model route starts here
@@ -41,8 +41,10 @@ urlpatterns = [
     path(f"{MODEL}/endpoint/keys/<str:prefix>/", views.ApiKeyDetailView.as_view(),
          name="apikey-detail"),
     path("audit/", views.AuditListView.as_view(), name="audit-list"),
-    path("tokens/", views.TokenListView.as_view(), name="token-list"),
-    path("tokens/<str:token_key>/", views.TokenDetailView.as_view(), name="token-detail"),
+    path("tokens/", access.TokenListView.as_view(), name="token-list"),
+    path("tokens/<str:token_key>/", access.TokenDetailView.as_view(), name="token-detail"),
+    path("users/", access.UserListView.as_view(), name="user-list"),
+    path("users/<str:username>/", access.UserDetailView.as_view(), name="user-detail"),
     path("replicas/", views.ReplicaListView.as_view(), name="replica-list"),
     path("replicas/<str:replica>/", views.ReplicaDetailView.as_view(), name="replica-detail"),
     path(f"{MODEL}/async-infer/", jobs.AsyncInferView.as_view(), name="async-infer"),

@@ -10,7 +10,6 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
 from rest_framework.parsers import FileUploadParser, MultiPartParser
 from rest_framework.response import Response
-from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import APIView
 
 from registry import background, selectors, services
@@ -30,9 +29,6 @@ from registry.api.serializers import (
     ModelUpdateSerializer,
     NameSerializer,
     ReplicaListSerializer,
-    TokenCreatedSerializer,
-    TokenCreateSerializer,
-    TokenSerializer,
     UploadSerializer,
     VersionConfigSerializer,
     VersionSerializer,
@@ -43,7 +39,7 @@ from registry.audit import Actor
 from registry.convergence import wait_for_revision
 from registry.errors import InvalidRequest, LifecycleError, PayloadTooLarge
 from registry.filtersets import AuditFilterSet, ModelFilterSet
-from registry.models import ApiToken, Endpoint, ModelVersion
+from registry.models import Endpoint, ModelVersion
 from registry.notify import current_revision
 from registry.roles import role_of
 from registry.services.replicas import replica_remove
@@ -331,47 +327,6 @@ class AuditListView(generics.ListAPIView):
         return selectors.audit_list()
 
 
-class TokenCreateThrottle(UserRateThrottle):
-    """Token creation per admin, at settings.TOKEN_CREATE_RATE ("20/hour"): a stolen session or
-    token cannot mint credentials in bulk."""
-
-    scope = "token-create"
-
-    def get_rate(self) -> str:
-        return settings.TOKEN_CREATE_RATE
-
-
-class TokenListView(generics.ListAPIView):
-    read_role = write_role = "admin"
-    serializer_class = TokenSerializer
-
-    def get_queryset(self):
-        return ApiToken.objects.select_related("user")
-
-    def get_throttles(self):
-        extra = [TokenCreateThrottle()] if self.request.method == "POST" else []
-        return [*super().get_throttles(), *extra]
-
-    @extend_schema(request=TokenCreateSerializer, responses={201: TokenCreatedSerializer})
-    def post(self, request):
-        """Create a named token for a user; the token is shown once."""
-        data = valid(TokenCreateSerializer, request.data)
-        token, raw = services.token_create(username=data["user"], name=data["name"],
-                                           expires_in_days=data["expires_in_days"],
-                                           actor=actor(request))
-        return Response({**TokenSerializer(token).data, "token": raw},
-                        status=status.HTTP_201_CREATED)
-
-
-class TokenDetailView(APIView):
-    read_role = write_role = "admin"
-
-    @extend_schema(responses={204: None})
-    def delete(self, request, token_key):
-        services.token_revoke(token_key=token_key, actor=actor(request))
-        return Response(status=status.HTTP_204_NO_CONTENT)
-
-
 class ReplicaListView(APIView):
     @extend_schema(responses=ReplicaListSerializer)
     def get(self, request):
@@ -400,5 +355,5 @@ class ReplicaDetailView(APIView):
 
 JSON_ONLY = [JSONParser]
 for _view in (ModelListView, ModelDetailView, ModelArchiveView, VersionDetailView,
-              AliasDetailView, EndpointDeployView, ApiKeyListView, TokenListView):
+              AliasDetailView, EndpointDeployView, ApiKeyListView):
     _view.parser_classes = JSON_ONLY

@@ -23,9 +23,14 @@ def ensure_roles() -> None:
         Group.objects.get_or_create(name=role)
 
 
-def token_create(*, username: str, name: str, actor: Actor,
-                 expires_in_days: int | None = 90) -> tuple[ApiToken, str]:
-    """A named API token for `username`; the raw token is returned once and only its digest kept."""
+#: A token's last use is written at most this often (one UPDATE a minute, not one a request).
+TOKEN_TOUCH_SECONDS = 60
+
+
+def token_create(*, username: str, name: str, actor: Actor, expires_in_days: int | None = 90,
+                 read_only: bool = False) -> tuple[ApiToken, str]:
+    """A named API token for `username`; the raw token is returned once and only its digest kept.
+    It acts with its user's role (never more), or only reads when `read_only`."""
     if not name or len(name) > 100:
         raise InvalidRequest("name must be 1-100 characters", field="name")
     if expires_in_days is not None and not 1 <= expires_in_days <= 3650:
@@ -36,19 +41,25 @@ def token_create(*, username: str, name: str, actor: Actor,
         raise NotFound(f"no active user {username!r}", field="user")
     expiry = timedelta(days=expires_in_days) if expires_in_days else None
     with transaction.atomic():
-        token, raw = ApiToken.objects.create(user=user, expiry=expiry, name=name)
+        token, raw = ApiToken.objects.create(user=user, expiry=expiry, name=name,
+                                             read_only=read_only)
         record(actor, "token.create", target_type="token", target=token.token_key,
-               after={"user": username, "name": name,
+               after={"user": username, "name": name, "read_only": read_only,
                       "expiry": token.expiry.isoformat() if token.expiry else None})
     return token, raw
 
 
-def token_revoke(*, token_key: str, actor: Actor) -> None:
+def token_revoke(*, token_key: str, actor: Actor, owner=None) -> None:
+    """Revoke a token; with `owner`, only one of that user's (anyone else's reads as missing)."""
     with transaction.atomic():
-        token = ApiToken.objects.select_for_update().filter(token_key=token_key).first()
+        tokens = ApiToken.objects.select_for_update().filter(token_key=token_key)
+        if owner is not None:
+            tokens = tokens.filter(user=owner)
+        token = tokens.select_related("user").first()
         if token is None:
             raise NotFound(f"no token {token_key!r}", field="token")
-        before = {"user": token.user.get_username(), "name": token.name}
+        before = {"user": token.user.get_username(), "name": token.name,
+                  "read_only": token.read_only}
         token.delete()
         record(actor, "token.revoke", target_type="token", target=token_key, before=before)
 
@@ -81,3 +92,13 @@ def api_key_revoke(*, model_name: str, prefix: str, actor: Actor) -> None:
         endpoint.save(update_fields=["revision", "updated_at"])
         record(actor, "apikey.revoke", target_type="apikey", target=f"{model_name}/{prefix}",
                model_name=model_name, before={"name": key.name, "prefix": prefix})
+
+
+def token_touch(token: ApiToken) -> None:
+    """Note that `token` authenticated a request, unless that was noted in the last minute.
+    Not audited: it is bookkeeping, not a change anyone made."""
+    now = timezone.now()
+    if token.last_used_at and (now - token.last_used_at).total_seconds() < TOKEN_TOUCH_SECONDS:
+        return
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    token.last_used_at = now

@@ -47,6 +47,14 @@
     document.addEventListener("DOMContentLoaded", function () { applyFlex(document); });
   }
 
+  // A predict key just created (shown once): kept for this tab only, so the try-it form on the
+  // model's version pages can fill it in.
+  document.addEventListener("DOMContentLoaded", function () {
+    document.querySelectorAll("[data-remember-key]").forEach(function (el) {
+      try { sessionStorage.setItem("mmc-predict-key:" + el.getAttribute("data-remember-key"), el.textContent.trim()); } catch (e) { /* storage disabled */ }
+    });
+  });
+
   document.addEventListener("htmx:afterSwap", function () {
     var table = document.getElementById("audit-table");
     var link = document.getElementById("csv-link");

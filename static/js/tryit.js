@@ -5,6 +5,13 @@
   if (!form) return;
   var out = document.getElementById("try-response");
   var status = document.getElementById("try-status");
+  // A protected endpoint: fill in a key created in this tab (app.js remembered it); else paste.
+  var keyField = document.getElementById("try-key");
+  if (keyField && !keyField.value) {
+    try {
+      keyField.value = sessionStorage.getItem("mmc-predict-key:" + keyField.getAttribute("data-model")) || "";
+    } catch (e) { /* storage disabled: the user pastes the key */ }
+  }
 
   function show(text, isError) {
     out.hidden = false;
@@ -28,7 +35,7 @@
       inputs.push({ name: name, shape: shape, datatype: f.getAttribute("data-datatype"), data: data });
     }
     var headers = { "Content-Type": "application/json" };
-    var key = document.getElementById("try-key").value.trim();
+    var key = keyField ? keyField.value.trim() : "";
     if (key) headers["Authorization"] = "Bearer " + key;
     status.textContent = "Sending…";
     var started = performance.now();
