@@ -154,6 +154,9 @@ AXES_IPWARE_PROXY_COUNT = env.int("MMC_PROXY_COUNT", default=None)
 AXES_VERBOSE = False
 # API tokens: each admin may create this many per period (DRF throttle; "20/hour").
 TOKEN_CREATE_RATE = env.str("MMC_TOKEN_CREATE_RATE", default="20/hour")
+# Password logins for an API token (`mmc login`) per client address; wrong passwords also count
+# towards the axes lockout above.
+TOKEN_LOGIN_RATE = env.str("MMC_TOKEN_LOGIN_RATE", default="20/hour")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
