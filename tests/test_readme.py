@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -84,8 +85,20 @@ def _base_env(home: Path) -> dict:
             "CURL_HOME": str(home)}
 
 
+def _venv() -> Path:
+    """The checkout's .venv, else the virtualenv running this test (CI may build its own)."""
+    if (REPO / ".venv" / "bin" / "mmc").exists():
+        return REPO / ".venv"
+    if sys.prefix != sys.base_prefix and (Path(sys.prefix) / "bin" / "mmc").exists():
+        return Path(sys.prefix)
+    pytest.skip("the README's lines call .venv/bin/...: no virtualenv with mmc installed")
+
+
 @pytest.fixture
 def console(tmp_path):
+    for tool in ("bash", "curl"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"the README's lines need {tool}")
     """`manage.py start` on a free port with a data folder of its own (embedded: no
     DATABASE_URL, no REDIS_URL, the real settings); yields (url, admin password)."""
     port = free_port()
@@ -123,7 +136,7 @@ def test_the_readme_runs_as_written(console, tmp_path):
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    (work / ".venv").symlink_to(REPO / ".venv")  # a checkout that ran `make install`
+    (work / ".venv").symlink_to(_venv())  # a checkout that ran `make install`
     (home / ".curlrc").write_text("fail-with-body\nshow-error\n")
     state = tmp_path / "state.sh"  # the shell session: what one line exports, the next one has
     state.write_text(f"export MMC_URL={shlex.quote(url)} MMC_TOKEN={shlex.quote(token)}\n")
