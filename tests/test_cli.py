@@ -235,3 +235,31 @@ def test_the_config_file_is_private(home):
 def test_without_xdg_config_home_the_file_is_under_home(home, monkeypatch):
     monkeypatch.delenv("XDG_CONFIG_HOME")
     assert config.config_path() == home / ".config" / "mmc" / "config.json"
+
+
+def test_login_without_a_url_goes_to_mmc_url_and_never_carries_the_configured_token(
+        servers, sent, home, monkeypatch, capsys):
+    configured, _ = servers
+    monkeypatch.setenv("MMC_URL", configured.url)
+    monkeypatch.setenv("MMC_TOKEN", TOKEN)
+    monkeypatch.setattr("sys.stdin", io.StringIO("someone\na-password\n"))
+    assert main(["login"]) == 0
+    assert [(r.method, r.url.path, "authorization" in r.headers) for r in sent] == [
+        ("POST", "/api/v1/tokens/login/", False)]
+    assert configured.seen[0]["path"] == "/api/v1/tokens/login/"
+    saved = config.load()
+    assert (saved["url"], saved["token"]) == (configured.url, LOGIN_ANSWER["token"])
+    assert "MMC_TOKEN is set" in capsys.readouterr().err
+
+
+def test_the_saved_login_is_used_then_revoked_and_forgotten(servers, sent, home):
+    configured, other = servers
+    _save(configured.url)
+    assert main(["whoami"]) == 0
+    assert main(["logout"]) == 0
+    assert [(r["method"], r["path"], r["headers"]["authorization"]) for r in configured.seen] == [
+        ("GET", "/api/v1/me/", "Bearer mmc_saved"),
+        ("POST", "/api/v1/tokens/logout/", "Bearer mmc_saved")]
+    assert config.load() == {} and not config.config_path().exists()
+    assert main(["whoami"]) == 1  # nothing left to send
+    assert len(configured.seen) == 2 and other.seen == []
