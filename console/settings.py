@@ -158,6 +158,9 @@ AXES_VERBOSE = False
 # API tokens: each user may create this many per period (DRF throttle; "20/hour"), by the API
 # or on the console's tokens page.
 TOKEN_CREATE_RATE = env.str("MMC_TOKEN_CREATE_RATE", default="20/hour")
+# Password logins for an API token (`mmc login`) per client address; wrong passwords also count
+# towards the axes lockout above.
+TOKEN_LOGIN_RATE = env.str("MMC_TOKEN_LOGIN_RATE", default="20/hour")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

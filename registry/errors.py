@@ -19,6 +19,22 @@ class NotFound(RegistryError):
     status = 404
 
 
+class LoginRefused(RegistryError):
+    """The user name and password did not match an active user (401)."""
+
+    status = 401
+
+
+class TooManyAttempts(RegistryError):
+    """Refused for now; `retry_after` seconds say when to try again (429)."""
+
+    status = 429
+
+    def __init__(self, message: str, *, retry_after: int | None = None, **kwargs):
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
+
+
 class LifecycleError(RegistryError):
     """The object's current state forbids the transition (409)."""
 

@@ -55,7 +55,10 @@ def exception_handler(exc, context):
             body["field"] = exc.field
         if exc.details is not None:
             body["details"] = exc.details
-        return _as_json(Response(body, status=exc.status), context)
+        response = Response(body, status=exc.status)
+        if getattr(exc, "retry_after", None):
+            response["Retry-After"] = str(exc.retry_after)
+        return _as_json(response, context)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound(str(exc) or "not found")
     elif isinstance(exc, PermissionDenied):

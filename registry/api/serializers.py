@@ -278,9 +278,20 @@ class VersionUploadSerializer(VersionSerializer):
         fields = [*VersionSerializer.Meta.fields, "created", "detail"]
 
 
+class TokenLoginSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    password = serializers.CharField(max_length=4096, trim_whitespace=False,
+                                     style={"input_type": "password"})
+    client = serializers.RegexField(
+        r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,99}$", required=False, default="mmc-cli",
+        help_text="the token's name, e.g. mmc-cli@<hostname> (letters, digits, . _ @ : -)")
+
+
 class MeSerializer(serializers.Serializer):
     username = serializers.CharField()
-    role = serializers.CharField(help_text="viewer, engineer or admin")
+    role = serializers.CharField(allow_null=True, help_text="viewer, engineer or admin")
+    token = TokenSerializer(allow_null=True, help_text=(
+        "the API token this request was authenticated with (null for a browser session)"))
 
 
 class ApiKeyCreatedSerializer(ApiKeySerializer):

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from registry.api import access, integrations, jobs, rollouts, views
+from registry.api import access, integrations, jobs, rollouts, tokens, views
 
 app_name = "api"
 MODEL = "models/<str:name>"  # every per-model route starts here
@@ -12,6 +12,9 @@ urlpatterns = [
     path(f"{MODEL}/versions/", views.VersionListView.as_view(), name="version-list"),
     path(f"{MODEL}/versions/upload/", views.VersionRawUploadView.as_view(),
          name="version-upload-raw"),
+    # what `curl -T model.onnx …/versions/upload/` asks for: the file name appended
+    path(f"{MODEL}/versions/upload/<str:filename>",
+         views.VersionRawUploadView.as_view(schema=None)),
     path(f"{MODEL}/versions/<int:number>/", views.VersionDetailView.as_view(),
          name="version-detail"),
     path(f"{MODEL}/versions/<int:number>/artifact/", views.VersionArtifactView.as_view(),
@@ -42,6 +45,8 @@ urlpatterns = [
          name="apikey-detail"),
     path("audit/", views.AuditListView.as_view(), name="audit-list"),
     path("tokens/", access.TokenListView.as_view(), name="token-list"),
+    path("tokens/login/", tokens.TokenLoginView.as_view(), name="token-login"),
+    path("tokens/logout/", tokens.TokenLogoutView.as_view(), name="token-logout"),
     path("tokens/<str:token_key>/", access.TokenDetailView.as_view(), name="token-detail"),
     path("users/", access.UserListView.as_view(), name="user-list"),
     path("users/<str:username>/", access.UserDetailView.as_view(), name="user-detail"),

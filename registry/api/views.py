@@ -39,7 +39,7 @@ from registry.audit import Actor
 from registry.convergence import wait_for_revision
 from registry.errors import InvalidRequest, LifecycleError, PayloadTooLarge
 from registry.filtersets import AuditFilterSet, ModelFilterSet
-from registry.models import Endpoint, ModelVersion
+from registry.models import ApiToken, Endpoint, ModelVersion
 from registry.notify import current_revision
 from registry.roles import role_of
 from registry.services.replicas import replica_remove
@@ -76,7 +76,9 @@ def wait_seconds(request) -> float | None:
 class MeView(APIView):
     @extend_schema(responses=MeSerializer)
     def get(self, request):
-        return Response({"username": request.user.get_username(), "role": role_of(request.user)})
+        token = request.auth if isinstance(request.auth, ApiToken) else None
+        return Response(MeSerializer({"username": request.user.get_username(),
+                                      "role": role_of(request.user), "token": token}).data)
 
 
 class ModelListView(generics.ListAPIView):
@@ -201,15 +203,16 @@ class VersionRawUploadView(DiscardsRefusedUpload, APIView):
         parameters=[OpenApiParameter("filename", str), OpenApiParameter("metadata", str)],
         responses={201: VersionUploadSerializer, 200: VersionUploadSerializer},
     )
-    def put(self, request, name):
-        """Upload a version as the raw request body (curl --upload-file)."""
+    def put(self, request, name, filename: str | None = None):
+        """Upload a version as the raw request body (curl --upload-file). `curl -T model.onnx
+        …/versions/upload/` appends the file's name to the URL: that name is the filename."""
         _check_uploadable(request, name)
         blob = default_store().writer().read_from(request._request.read).finish()
         remember_blob(request._request, blob)
         with background.unsent_tasks() as unsent:
             version, created = services.version_upload(
                 model_name=name, blob=blob, actor=actor(request),
-                filename=request.query_params.get("filename", ""),
+                filename=filename or request.query_params.get("filename", ""),
                 metadata=_metadata(request.query_params.get("metadata")
                                    or request.headers.get("X-Model-Metadata")),
             )

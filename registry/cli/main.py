@@ -1,6 +1,7 @@
 """`mmc`: the registry from CI pipelines, over the REST API with a token.
 
-    export MMC_URL=http://127.0.0.1:8000 MMC_TOKEN=mmc_...
+    mmc login http://127.0.0.1:8000            # or, in CI: export MMC_URL=... MMC_TOKEN=mmc_...
+    mmc whoami                                 # logout: revoke the token, forget it
     mmc create-model fraud --tag team:risk
     mmc upload fraud model.onnx --metadata '{"git_commit": "abc"}' --wait
     mmc versions fraud
@@ -20,13 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import httpx
 
+from registry.cli import config
+from registry.cli.account import account_parsers
 from registry.cli.client import Client, CliError, print_json
 from registry.cli.jobs import job_parsers
 
@@ -236,18 +238,31 @@ def _rollout_parsers(sub) -> None:
         s.set_defaults(fn=cmd_rollout)
 
 
-GLOBAL_URL, GLOBAL_TOKEN = "mmc_server_url", "mmc_api_token"
+class CommandNamespace(argparse._SubParsersAction):
+    """A sub-command's arguments land in a namespace of their own (`args.command`), never in the
+    one holding --url and --token: no sub-command argument, today's or a future one, whatever
+    its name (`webhook-add URL`, `--callback-url`), can change where the token is sent."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        command = argparse.Namespace()
+        super().__call__(parser, command, values, option_string)
+        # argparse keeps what nobody recognised on the namespace it was given: hand it up, so
+        # that a stray argument is still an error.
+        extras = vars(command).pop(argparse._UNRECOGNIZED_ARGS_ATTR, None)
+        if extras:
+            vars(namespace).setdefault(argparse._UNRECOGNIZED_ARGS_ATTR, []).extend(extras)
+        setattr(namespace, self.dest, command)
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mmc", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    # Own dests for the global options: a sub-command argument called `url` or `token` (webhook-add
-    # URL) must never replace the server the token is sent to.
-    p.add_argument("--url", dest=GLOBAL_URL,
-                   default=os.environ.get("MMC_URL", "http://127.0.0.1:8000"))
-    p.add_argument("--token", dest=GLOBAL_TOKEN, default=os.environ.get("MMC_TOKEN"))
-    sub = p.add_subparsers(dest="command", required=True)
+    p.add_argument("--url", help="the console (default: MMC_URL, else the one `mmc login` "
+                                 f"saved, else {config.DEFAULT_URL})")
+    p.add_argument("--token", help="an API token (default: MMC_TOKEN, else the saved one)")
+    sub = p.add_subparsers(dest="command", required=True, action=CommandNamespace,
+                           metavar="COMMAND")
+    account_parsers(sub)
     s = sub.add_parser("models", help="list models")
     s.add_argument("--search")
     s.add_argument("--tag")
@@ -286,12 +301,16 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.command == "alias" and not args.delete and args.version is None:
+    command = args.command
+    if command.command == "alias" and not command.delete and command.version is None:
         parser().error("alias needs a version (or --delete)")
-    if args.command == "shadow" and not args.stop and args.version is None:
+    if command.command == "shadow" and not command.stop and command.version is None:
         parser().error("shadow needs a version (or --stop)")
+    creds = config.resolve(url=args.url, token=args.token)
     try:
-        return args.fn(Client(getattr(args, GLOBAL_URL), getattr(args, GLOBAL_TOKEN)), args)
+        if getattr(command, "account", False):
+            return command.fn(creds, command)
+        return command.fn(Client(creds.url, creds.token), command)
     except CliError as exc:
         print(f"mmc: {exc}", file=sys.stderr)
         return 1

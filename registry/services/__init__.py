@@ -6,6 +6,7 @@ from registry.services.access import (
     api_key_revoke,
     ensure_roles,
     token_create,
+    token_login,
     token_revoke,
 )
 from registry.services.catalog import (
@@ -41,5 +42,5 @@ __all__ = [
     "shadow_start", "shadow_stop",
     "alias_remove", "alias_set", "api_key_create", "api_key_revoke", "endpoint_deploy",
     "endpoint_for_update", "ensure_roles", "model_archive", "model_create", "model_update",
-    "token_create", "token_revoke", "version_configure", "version_upload",
+    "token_create", "token_login", "token_revoke", "version_configure", "version_upload",
 ]

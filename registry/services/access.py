@@ -3,13 +3,15 @@ from __future__ import annotations
 import secrets
 from datetime import timedelta
 
-from django.contrib.auth import get_user_model
+from axes.helpers import get_cool_off
+from django.conf import settings
+from django.contrib.auth import authenticate, get_user_model, user_logged_in
 from django.contrib.auth.models import Group
 from django.db import transaction
 from django.utils import timezone
 
 from registry.audit import Actor, record
-from registry.errors import InvalidRequest, NotFound
+from registry.errors import InvalidRequest, LoginRefused, NotFound, TooManyAttempts
 from registry.models import ApiToken, EndpointApiKey
 from registry.notify import bump_revision
 from registry.roles import ROLES
@@ -62,6 +64,38 @@ def token_revoke(*, token_key: str, actor: Actor, owner=None) -> None:
                   "read_only": token.read_only}
         token.delete()
         record(actor, "token.revoke", target_type="token", target=token_key, before=before)
+
+
+def token_login(*, request, username: str, password: str, client: str) -> tuple[ApiToken, str]:
+    """A password login that answers with an API token (`mmc login`), named `client`, with the
+    configured lifetime (MMC_TOKEN_TTL_DAYS). It goes through the login form's backends, so
+    django-axes counts each failure and refuses a locked-out client, even with the right
+    password. `request` is the Django HttpRequest (axes reads the client address from it)."""
+    user = authenticate(request, username=username, password=password)
+    if user is None:
+        if getattr(request, "axes_locked_out", False):
+            # Answered here, as JSON: axes' middleware would replace it with its HTML page.
+            request.axes_locked_out = False
+            cool_off = get_cool_off(request)
+            raise TooManyAttempts(
+                "too many failed logins from this address: login refused "
+                + (f"for {cool_off.total_seconds() / 60:g} minutes" if cool_off
+                   else "until an admin resets it"),
+                retry_after=int(cool_off.total_seconds()) if cool_off else None)
+        raise LoginRefused("user name and password did not match an active user")
+    # As a form login does: axes clears the failures (AXES_RESET_ON_SUCCESS), last_login is set.
+    user_logged_in.send(sender=user.__class__, request=request, user=user)
+    ttl = settings.REST_KNOX["TOKEN_TTL"]
+    actor = Actor(user=user, name=user.get_username(),
+                  request_id=getattr(request, "request_id", ""),
+                  client_address=request.META.get("REMOTE_ADDR", "") or "")
+    with transaction.atomic():
+        token, raw = ApiToken.objects.create(user=user, expiry=ttl, name=client)
+        record(actor, "token.login", target_type="token", target=token.token_key,
+               after={"user": user.get_username(), "name": client,
+                      "expiry": token.expiry.isoformat() if token.expiry else None},
+               reason="password login for an API token")
+    return token, raw
 
 
 def api_key_create(*, model_name: str, name: str, actor: Actor) -> tuple[EndpointApiKey, str]:
