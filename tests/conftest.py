@@ -195,7 +195,7 @@ def ready_model(engineer):
 
 
 # Single sign-on: a real OpenID provider (tests/oidc_provider) in its own process, one per run.
-SSO_CLIENT = {"client_id": "mmc-console", "secret": "console-client-secret-1"}
+SSO_CLIENT = {"client_id": "mmc-console", "secret": "console-client-secret-at-least-32-bytes"}
 SSO_HS256_CLIENT = {"client_id": "mmc-console-hs256",
                     "secret": "hs256-client-secret-at-least-32-bytes-long"}
 SSO_ROLE_MAP = {"ml-admins": "admin", "ml-eng": "engineer", "ml-read": "viewer"}
