@@ -14,7 +14,7 @@ SHOTS = Path("/tmp/shots-sso")
 
 
 def test_sso_button_signs_in_on_the_provider_and_lands_with_the_mapped_role(
-        sso, live_server, page, shot):
+        sso, live_server, page, shot, settings):
     base = live_server.url
     csp_reports = []
     page.on("console", lambda m: csp_reports.append(m.text)
@@ -48,3 +48,16 @@ def test_sso_button_signs_in_on_the_provider_and_lands_with_the_mapped_role(
     page.get_by_role("button", name="Log out").click()
     page.wait_for_url(re.compile(r".*/login/"))
     assert page.get_by_role("link", name="Sign in with Test IdP").is_visible()
+
+    # a provider user the console does not know, with user creation off: refused, and told why
+    settings.OIDC_CREATE_USER = False
+    page.context.clear_cookies()  # signed out of the provider too
+    page.goto(f"{base}/login/")
+    page.get_by_role("link", name="Sign in with Test IdP").click()
+    page.get_by_label("Username").fill("dave")
+    page.get_by_label("Password").fill("dave-idp-pw-1")
+    page.get_by_role("button", name="Sign in").click()
+    page.get_by_role("button", name="Authorize").click()
+    page.wait_for_url(f"{base}/login/")
+    assert "has no user 'dave' and does not create users" in page.inner_text(".messages")
+    page.screenshot(path=str(SHOTS / "login-sso-refused.png"), full_page=True)
