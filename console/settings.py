@@ -155,6 +155,32 @@ AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_IPWARE_META_PRECEDENCE_ORDER = env.list("MMC_CLIENT_IP_HEADERS", default=["REMOTE_ADDR"])
 AXES_IPWARE_PROXY_COUNT = env.int("MMC_PROXY_COUNT", default=None)
 AXES_VERBOSE = False
+# The single sign-on callback is no password login: axes neither refuses nor counts it (the
+# provider throttles its own password form); see console.sso.
+AXES_WHITELIST_CALLABLE = "console.sso.backend.is_sso_callback"
+
+# Single sign-on (OpenID Connect, mozilla-django-oidc): off unless an issuer is set. Endpoints
+# and signing keys come from the issuer's discovery document (console.sso.provider).
+OIDC_ISSUER = env.str("MMC_OIDC_ISSUER", default="")
+SSO_ENABLED = bool(OIDC_ISSUER)
+OIDC_RP_CLIENT_ID = env.str("MMC_OIDC_CLIENT_ID", default="")
+OIDC_RP_CLIENT_SECRET = env.str("MMC_OIDC_CLIENT_SECRET", default="")
+OIDC_RP_SCOPES = env.str("MMC_OIDC_SCOPES", default="openid email profile")
+OIDC_GROUPS_CLAIM = env.str("MMC_OIDC_GROUPS_CLAIM", default="groups")
+OIDC_USERNAME_CLAIM = env.str("MMC_OIDC_USERNAME_CLAIM", default="preferred_username")
+# "ml-admins=admin,ml-eng=engineer,ml-read=viewer": provider group -> console role.
+OIDC_ROLE_MAP = env.dict("MMC_OIDC_ROLE_MAP", default={})
+OIDC_CREATE_USER = env.bool("MMC_OIDC_CREATE_USERS", default=True)
+OIDC_LABEL = env.str("MMC_OIDC_LABEL", default="Sign in with single sign-on")
+OIDC_RP_SIGN_ALGO = "RS256"  # only RS256 ID tokens, checked against the provider's JWKS
+OIDC_USE_PKCE = True
+OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
+OIDC_USE_NONCE = True
+OIDC_TOKEN_USE_BASIC_AUTH = True  # client_secret_basic, the method every provider supports
+OIDC_TIMEOUT = env.float("MMC_OIDC_TIMEOUT_SECONDS", default=10.0)
+OIDC_AUTHENTICATION_CALLBACK_URL = "console:sso-callback"
+if SSO_ENABLED:
+    AUTHENTICATION_BACKENDS.append("console.sso.backend.SsoBackend")
 # API tokens: each user may create this many per period (DRF throttle; "20/hour"), by the API
 # or on the console's tokens page.
 TOKEN_CREATE_RATE = env.str("MMC_TOKEN_CREATE_RATE", default="20/hour")

@@ -1,5 +1,6 @@
 """The console's pages (the API lives under /api/v1/, serving under /v2/)."""
 
+from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
@@ -46,3 +47,11 @@ urlpatterns = [
     path("audit/", audit.audit_list, name="audit-list"),
     path("audit/export.csv", audit.audit_csv, name="audit-csv"),
 ]
+
+if settings.SSO_ENABLED:  # no single sign-on URLs unless an issuer is configured
+    from .sso.views import SsoCallbackView, SsoStartView
+
+    urlpatterns += [
+        path("login/sso/", SsoStartView.as_view(), name="sso-start"),
+        path("login/sso/callback/", SsoCallbackView.as_view(), name="sso-callback"),
+    ]

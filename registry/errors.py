@@ -49,3 +49,9 @@ class Gone(RegistryError):
 
 class PayloadTooLarge(RegistryError):
     status = 413
+
+
+class SignInRefused(RegistryError):
+    """The identity was proven elsewhere (single sign-on), but this console does not let it in."""
+
+    status = 403

@@ -192,3 +192,65 @@ def ready_model(engineer):
         return body
 
     return make
+
+
+# Single sign-on: a real OpenID provider (tests/oidc_provider) in its own process, one per run.
+SSO_CLIENT = {"client_id": "mmc-console", "secret": "console-client-secret-at-least-32-bytes"}
+SSO_HS256_CLIENT = {"client_id": "mmc-console-hs256",
+                    "secret": "hs256-client-secret-at-least-32-bytes-long"}
+SSO_ROLE_MAP = {"ml-admins": "admin", "ml-eng": "engineer", "ml-read": "viewer"}
+SSO_USERS = [{"username": "alice", "password": "alice-idp-pw-1", "groups": ["ml-eng"]},
+             {"username": "dave", "password": "dave-idp-pw-1", "groups": ["ml-read"]}]
+
+
+def reload_console_urls() -> None:
+    """The console routes SSO only when it is on (decided at import): import its URLs again."""
+    import importlib
+
+    from django.urls import clear_url_caches
+
+    import console.urls
+    import console.urls_ui
+
+    importlib.reload(console.urls_ui)
+    importlib.reload(console.urls)
+    clear_url_caches()
+
+
+@pytest.fixture(scope="session")
+def oidc_provider(live_server, tmp_path_factory):
+    from tests.oidc_provider.server import OpenIdProvider
+
+    callback = f"{live_server.url}/login/sso/callback/"
+    op = OpenIdProvider(tmp_path_factory.mktemp("oidc-provider"))
+    op.start({"clients": [{**SSO_CLIENT, "name": "Model console", "redirect_uri": callback},
+                          {**SSO_HS256_CLIENT, "redirect_uri": callback,
+                           "algorithm": "HS256"}],
+              "users": SSO_USERS})
+    yield op
+    op.stop()
+
+
+@pytest.fixture
+def sso(settings, oidc_provider, transactional_db):
+    """The console signed up with the test provider: single sign-on on, its URLs routed, the
+    provider's users back in their usual groups."""
+    from console.sso import provider
+    from registry.services import ensure_roles
+
+    oidc_provider.apply({"users": [{k: v for k, v in u.items() if k != "password"}
+                                   for u in SSO_USERS]})
+    settings.OIDC_ISSUER = oidc_provider.issuer
+    settings.SSO_ENABLED = True
+    settings.OIDC_RP_CLIENT_ID = SSO_CLIENT["client_id"]
+    settings.OIDC_RP_CLIENT_SECRET = SSO_CLIENT["secret"]
+    settings.OIDC_ROLE_MAP = SSO_ROLE_MAP
+    settings.OIDC_LABEL = "Sign in with Test IdP"
+    settings.AUTHENTICATION_BACKENDS = [*settings.AUTHENTICATION_BACKENDS,
+                                        "console.sso.backend.SsoBackend"]
+    reload_console_urls()
+    ensure_roles()
+    yield oidc_provider
+    settings.SSO_ENABLED = False
+    reload_console_urls()
+    provider.forget()

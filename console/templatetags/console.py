@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from django import template
+from django.conf import settings
 from django.forms import BoundField
 from django.utils.html import format_html
 
@@ -26,6 +27,12 @@ def health_bar() -> dict:
 @register.filter
 def role(user) -> str:
     return role_of(user) or "no role"
+
+
+@register.simple_tag
+def sso_label() -> str:
+    """The single sign-on button's text; empty when single sign-on is off."""
+    return settings.OIDC_LABEL if settings.SSO_ENABLED else ""
 
 
 @register.filter

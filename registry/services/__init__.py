@@ -33,6 +33,7 @@ from registry.services.rollouts import (
     shadow_start,
     shadow_stop,
 )
+from registry.services.sso import role_from_groups, sso_sign_in
 from registry.services.versions import version_configure, version_upload
 
 __all__ = [
@@ -42,5 +43,6 @@ __all__ = [
     "shadow_start", "shadow_stop",
     "alias_remove", "alias_set", "api_key_create", "api_key_revoke", "endpoint_deploy",
     "endpoint_for_update", "ensure_roles", "model_archive", "model_create", "model_update",
-    "token_create", "token_login", "token_revoke", "version_configure", "version_upload",
+    "role_from_groups", "sso_sign_in", "token_create", "token_login", "token_revoke",
+    "version_configure", "version_upload",
 ]
