@@ -246,6 +246,9 @@ def sso(settings, oidc_provider, transactional_db):
     settings.OIDC_RP_CLIENT_SECRET = SSO_CLIENT["secret"]
     settings.OIDC_ROLE_MAP = SSO_ROLE_MAP
     settings.OIDC_LABEL = "Sign in with Test IdP"
+    # The specs' browser and httpx talk plain http to live_server: a Secure cookie (the
+    # clustered default) would never come back, and the flow's state with it.
+    settings.SESSION_COOKIE_SECURE = settings.CSRF_COOKIE_SECURE = False
     settings.AUTHENTICATION_BACKENDS = [*settings.AUTHENTICATION_BACKENDS,
                                         "console.sso.backend.SsoBackend"]
     reload_console_urls()

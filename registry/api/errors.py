@@ -22,6 +22,7 @@ from rest_framework import exceptions, status
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
+from rest_framework.views import set_rollback
 
 from registry.errors import InvalidRequest, PayloadTooLarge, RegistryError
 from registry.logfilters import database_unavailable
@@ -48,6 +49,7 @@ def exception_handler(exc, context):
     elif isinstance(exc, TooManyFieldsSent | TooManyFilesSent | SuspiciousOperation):
         exc = InvalidRequest(f"request refused: {exc}")
     elif isinstance(exc, DataError):  # e.g. a NUL byte in text PostgreSQL cannot store
+        set_rollback()  # the failed statement aborted the transaction it ran in
         exc = InvalidRequest(f"a value cannot be stored: {_first_line(exc)}")
     if isinstance(exc, RegistryError):
         body = {"error": exc.message}
