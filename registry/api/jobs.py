@@ -79,7 +79,8 @@ class JobSerializer(serializers.ModelSerializer):
 
 class BatchSerializer(serializers.Serializer):
     dataset = serializers.UUIDField()
-    version = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    version = serializers.IntegerField(min_value=1, max_value=2**31 - 1, required=False,
+                                       allow_null=True)
     batch_size = serializers.IntegerField(min_value=1, required=False, allow_null=True)
     chunk_rows = serializers.IntegerField(min_value=1, required=False, allow_null=True)
     output_format = serializers.ChoiceField(choices=svc.OUTPUT_FORMATS, required=False,

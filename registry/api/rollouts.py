@@ -22,7 +22,7 @@ class ReasonSerializer(serializers.Serializer):
 
 
 class CanarySerializer(ReasonSerializer):
-    version = serializers.IntegerField(min_value=1)
+    version = serializers.IntegerField(min_value=1, max_value=2**31 - 1)
     weight = serializers.IntegerField(min_value=0, max_value=100, default=0)
     plan = serializers.JSONField(required=False, allow_null=True, default=None, help_text=(
         "automated analysis: steps, bake time, guards (null: weights by hand)"))
@@ -35,7 +35,7 @@ class WeightSerializer(ReasonSerializer):
 
 
 class VersionReasonSerializer(ReasonSerializer):
-    version = serializers.IntegerField(min_value=1)
+    version = serializers.IntegerField(min_value=1, max_value=2**31 - 1)
 
 
 class RollbackSerializer(VersionReasonSerializer):

@@ -132,11 +132,11 @@ class AliasSerializer(serializers.ModelSerializer):
 
 
 class AliasSetSerializer(serializers.Serializer):
-    version = serializers.IntegerField(min_value=1)
+    version = serializers.IntegerField(min_value=1, max_value=2**31 - 1)
 
 
 class DeploySerializer(serializers.Serializer):
-    version = serializers.IntegerField(min_value=1, allow_null=True)
+    version = serializers.IntegerField(min_value=1, max_value=2**31 - 1, allow_null=True)
     reason = serializers.CharField(required=False, allow_blank=True, default="")
 
 
@@ -224,7 +224,8 @@ class TokenCreateSerializer(serializers.Serializer):
     user = serializers.CharField(required=False, help_text=(
         "admins only: whose token it is (default: the caller's own)"))
     name = serializers.CharField(max_length=100)
-    expires_in_days = serializers.IntegerField(required=False, allow_null=True, default=90)
+    expires_in_days = serializers.IntegerField(required=False, allow_null=True, default=90,
+                                               max_value=36500)
     read_only = serializers.BooleanField(required=False, default=False, help_text=(
         "the token may only read, whatever its user's role"))
 
