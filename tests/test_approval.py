@@ -321,4 +321,4 @@ def test_cli_approve_posts_to_the_version(monkeypatch, capsys):
     assert cli.main(["--url", "http://console", "--token", "t", "approve", M, "2",
                      "--comment", "ok"]) == 0
     assert calls == [("POST", f"models/{M}/versions/2/approve/", {"comment": "ok"})]
-    assert f"{M}:2 is approved" in capsys.readouterr().err
+    assert f"{M}:2 approved" in capsys.readouterr().err

@@ -107,7 +107,7 @@ def cmd_decide(c: Client, a) -> int:
     """approve / reject: the version's approval, decided by someone other than its uploader."""
     version = c.call("POST", f"models/{a.model}/versions/{a.version}/{a.command}/",
                      json={"comment": a.comment})
-    print(f"{a.model}:{a.version} is {version['approval']}", file=sys.stderr)
+    print(f"{a.model}:{a.version} {a.command}d", file=sys.stderr)  # a refusal raised already
     print_json(version)
     return 0
 
