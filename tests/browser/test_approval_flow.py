@@ -62,7 +62,7 @@ def test_a_pending_version_is_blocked_until_a_second_engineer_approves_it(
 
     page.locator("#version-1").get_by_role("link", name="v1").click()
     page.wait_for_url(f"{base}/models/{M}/versions/1/")
-    assert "you uploaded version 1; another engineer or admin must approve or reject it" in (
+    assert "You uploaded version 1; another engineer or admin must approve or reject it" in (
         page.inner_text("#approval"))
     assert page.locator("#approval").get_by_role("button", name="Approve").count() == 0
     shot(page, "approval-02-version-own-upload")
