@@ -322,3 +322,29 @@ def test_cli_approve_posts_to_the_version(monkeypatch, capsys):
                      "--comment", "ok"]) == 0
     assert calls == [("POST", f"models/{M}/versions/2/approve/", {"comment": "ok"})]
     assert f"{M}:2 approved" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------- console
+
+
+def test_console_reject_without_a_comment_says_so_and_a_viewer_cannot_toggle(team, client):
+    client.force_login(User.objects.get(username="bob"))
+    r = client.post(f"/models/{M}/versions/2/approval/", {"decision": "reject", "comment": ""},
+                    follow=True)
+    assert "a rejection needs a comment saying why" in r.content.decode()
+    assert ModelVersion.objects.get(model__name=M, number=2).approval == "pending"
+    client.force_login(User.objects.get(username="vic"))
+    assert client.post(f"/models/{M}/approval/", {}).status_code == 403
+    page = client.get(f"/models/{M}/versions/2/").content.decode()
+    assert 'id="approval-history"' in page and "Approve</button>" not in page
+
+
+def test_the_deployment_page_says_why_the_analysis_holds(team, client):
+    services.model_update(name=M, requires_approval=False, actor=team["alice"])
+    services.canary_start(model_name=M, version_number=2, plan={"steps": [100],
+                          "bake_seconds": 0, "min_requests": 10}, actor=team["alice"])
+    services.model_update(name=M, requires_approval=True, actor=team["alice"])
+    assert analysis.tick(metrics=fed({1: figures(900), 2: figures(100)}))[0]["action"] == "hold"
+    client.force_login(User.objects.get(username="vic"))
+    page = client.get(f"/models/{M}/deployment/").content.decode()
+    assert "Holding:" in page and "requires approval before promotion" in page
