@@ -32,6 +32,19 @@ class DeployForm(forms.Form):
     reason = forms.CharField(required=False, max_length=500)
 
 
+class ApprovalSettingForm(forms.Form):
+    requires_approval = forms.BooleanField(required=False, label="Promotion needs approval")
+
+
+class ApprovalForm(forms.Form):
+    """Approve or reject a version; the service requires the comment to reject."""
+
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
+    comment = forms.CharField(required=False, max_length=2000, label="Comment",
+                              widget=forms.Textarea(attrs={"rows": 3}),
+                              help_text="required to reject; kept with the decision")
+
+
 class DiffForm(forms.Form):
     a = forms.IntegerField(min_value=1, label="Version A")
     b = forms.IntegerField(min_value=1, label="Version B")

@@ -83,3 +83,18 @@ class RollbackOrder(ChoiceSet):
         UNLOAD_FIRST: "for memory-short machines: the old stable is unloaded everywhere first, "
                       "and unpinned requests get 503 until the target is loaded",
     })
+
+
+class ApprovalState(ChoiceSet):
+    """A version's approval for promotion, decided by an engineer or admin other than its
+    uploader. Only models that require approval act on it (registry.services.approvals)."""
+
+    PENDING = "pending", "pending"
+    APPROVED = "approved", "approved"
+    REJECTED = "rejected", "rejected"
+
+    HELP = nonmember({
+        PENDING: "no decision yet",
+        APPROVED: "approved for promotion",
+        REJECTED: "rejected: not to be promoted",
+    })

@@ -35,6 +35,12 @@ class TooManyAttempts(RegistryError):
         self.retry_after = retry_after
 
 
+class Forbidden(RegistryError):
+    """The caller may not do this, whatever the object's state (403)."""
+
+    status = 403
+
+
 class LifecycleError(RegistryError):
     """The object's current state forbids the transition (409)."""
 

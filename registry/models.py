@@ -13,7 +13,11 @@ from django.db.models import Q
 from django.utils import timezone
 from knox.models import AbstractAuthToken
 
-from registry.choices import GraphOptimizationLevel, VersionStatus  # both re-exported here
+from registry.choices import (  # re-exported here
+    ApprovalState,
+    GraphOptimizationLevel,
+    VersionStatus,
+)
 from registry.routing import RolloutState, Routing
 
 SLUG = RegexValidator(
@@ -31,6 +35,8 @@ class RegisteredModel(models.Model):
         related_name="owned_models",
     )
     archived = models.BooleanField(default=False)
+    # Promotion (deploy, canary, blue-green, the production alias) takes approved versions only.
+    requires_approval = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -77,6 +83,10 @@ class ModelVersion(models.Model):
     # The most bytes of outputs one request may get (over it: a 400 naming it); 0 = the
     # replica's default (MMC_MAX_OUTPUT_BYTES).
     max_output_bytes = models.PositiveBigIntegerField(default=0)
+    # The latest approval decision (history: ApprovalDecision); acted on only when the model
+    # requires approval.
+    approval = models.CharField(max_length=8, choices=ApprovalState.choices,
+                                default=ApprovalState.PENDING)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
         related_name="+",
@@ -93,6 +103,24 @@ class ModelVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model.name}:{self.number}"
+
+
+class ApprovalDecision(models.Model):
+    """One approve or reject of a version, by an engineer or admin other than its uploader."""
+
+    version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE,
+                                related_name="approval_decisions")
+    decision = models.CharField(max_length=8, choices=ApprovalState.choices)
+    comment = models.TextField(blank=True, default="")
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    decided_by_name = models.CharField(max_length=150)
+    decided_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-decided_at", "-id"]
+        constraints = [models.CheckConstraint(condition=Q(decision__in=["approved", "rejected"]),
+                                              name="approval_decision_valid")]
 
 
 class Alias(models.Model):

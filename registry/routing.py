@@ -101,6 +101,8 @@ class Analysis:
     started_at: datetime
     step_started_at: datetime
     paused: bool = False
+    # Why it holds at its last step instead of promoting (the candidate awaits approval).
+    held: str = ""
 
     @property
     def weight(self) -> int:
@@ -110,13 +112,15 @@ class Analysis:
     def from_json(cls, data: dict) -> Analysis:
         return cls(plan=AnalysisPlan(**{**data["plan"], "steps": tuple(data["plan"]["steps"])}),
                    step=data["step"], paused=bool(data.get("paused")),
+                   held=data.get("held") or "",
                    started_at=_time(data.get("started_at") or data["step_started_at"]),
                    step_started_at=_time(data["step_started_at"]))
 
     def to_json(self) -> dict:
         return {"plan": self.plan.as_dict(), "step": self.step, "paused": self.paused,
                 "started_at": _stamp(self.started_at),
-                "step_started_at": _stamp(self.step_started_at)}
+                "step_started_at": _stamp(self.step_started_at),
+                **({"held": self.held} if self.held else {})}
 
 
 @dataclass(frozen=True)

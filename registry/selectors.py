@@ -50,7 +50,8 @@ def model_get(name: str) -> RegisteredModel:
 
 def version_list(model: RegisteredModel) -> QuerySet[ModelVersion]:
     return (model.versions.select_related("created_by", "model")
-            .prefetch_related(Prefetch("aliases", queryset=Alias.objects.only("name", "version"))))
+            .prefetch_related(Prefetch("aliases", queryset=Alias.objects.only("name", "version")),
+                              "approval_decisions"))
 
 
 def version_get(model_name: str, number: int) -> ModelVersion:

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.forms import BoundField
 from django.utils.html import format_html
 
-from registry.choices import VersionStatus
+from registry.choices import ApprovalState, VersionStatus
 from registry.roles import has_role, role_of
 
 from .. import health
@@ -45,6 +45,15 @@ def status_badge(status: str):
     """Status as a word (never colour alone), with a tooltip saying what it means."""
     return format_html('<span class="badge badge-{0}" title="{1}">{0}</span>', status,
                        VersionStatus.help_for(status))
+
+
+@register.simple_tag
+def approval_badge(approval: str, required: bool = True):
+    """A version's approval as a word; muted where its model does not require approval."""
+    note = "" if required else " (this model does not require approval)"
+    return format_html('<span class="badge badge-approval-{0}{1}" title="{2}{3}">{0}</span>',
+                       approval, "" if required else " badge-muted",
+                       ApprovalState.help_for(approval), note)
 
 
 @register.simple_tag

@@ -168,7 +168,7 @@ def analysis_context(ep) -> dict | None:
         return None
     plan, step = analysis.plan, analysis.step
     baked = _age(analysis.step_started_at, timezone.now()) or 0.0
-    return {"plan": plan, "step": step, "paused": analysis.paused,
+    return {"plan": plan, "step": step, "paused": analysis.paused, "held": analysis.held,
             "steps": [{"weight": w, "state": "done" if i < step else
                        "current" if i == step else "next"} for i, w in enumerate(plan.steps)],
             "baked_seconds": round(baked), "bake_seconds": round(plan.bake_seconds),

@@ -16,7 +16,14 @@ from registry.filtersets import ModelFilterSet
 from registry.models import VersionStatus
 from registry.roles import has_role
 
-from ..forms import AliasSetForm, DeployForm, DiffForm, ModelCreateForm, error_text
+from ..forms import (
+    AliasSetForm,
+    ApprovalSettingForm,
+    DeployForm,
+    DiffForm,
+    ModelCreateForm,
+    error_text,
+)
 from . import render_page_or_partial
 from .access import requires, run_service
 
@@ -151,6 +158,21 @@ def model_diff(request: HttpRequest, name: str) -> HttpResponse:
         )
     return render_page_or_partial(request, "console/model_diff.html", "console/partials/diff.html",
                                   context, status=200 if form.is_valid() else 400)
+
+
+@require_POST
+@requires(write="engineer")
+def approval_setting(request: HttpRequest, name: str) -> HttpResponse:
+    """Turn the approval gate on or off; the same service as PATCH /api/v1/models/{name}/."""
+    form = ApprovalSettingForm(request.POST)
+    if form.is_valid():
+        on = form.cleaned_data["requires_approval"]
+        run_service(request, services.model_update, name=name, requires_approval=on,
+                    success="Promotion now needs an approved version." if on else
+                    "Promotion no longer needs approval.")
+    else:
+        messages.error(request, error_text(form))
+    return redirect(reverse("console:model-detail", kwargs={"name": name}))
 
 
 @require_POST

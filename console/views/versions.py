@@ -8,13 +8,14 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from registry import selectors
+from registry import selectors, services
 from registry.integrations.tensorrt import BUILDING, PRECISIONS, QUEUED
 from registry.services import tensorrt as trt_services
+from registry.services.approvals import may_decide
 from registry.services.versions import SERVING_FIELDS
 
 from .. import tryit
-from ..forms import error_text
+from ..forms import ApprovalForm, error_text
 from .access import requires, run_service
 from .models import found
 
@@ -38,6 +39,9 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
         "engines_pending": any((e or {}).get("status") in (QUEUED, BUILDING)
                                for e in builds.values()),
         "serving": [(f, getattr(version, f)) for f in SERVING_FIELDS],
+        "decisions": version.approval_decisions.all(),
+        "approval_refusal": may_decide(request.user, version),
+        "approval_form": ApprovalForm(),
         "infer_url": f"/v2/models/{name}/versions/{number}/infer",
         "curl": tryit.curl_snippet(base, name, number, inputs),
         "tritonclient": tryit.tritonclient_snippet(request.get_host(), name, number, inputs,
@@ -65,3 +69,18 @@ def version_tensorrt(request: HttpRequest, name: str, number: int) -> HttpRespon
                     success=f"{precision.upper()} TensorRT engine build queued: its status "
                             f"shows below.")
     return redirect(f"{request.path.rsplit('tensorrt/', 1)[0]}#tensorrt")
+
+
+@require_POST
+@requires("viewer", write="engineer")
+def version_decide(request: HttpRequest, name: str, number: int) -> HttpResponse:
+    """Approve or reject the version; the same services as POST .../approve/ and .../reject/."""
+    form = ApprovalForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, error_text(form))
+    else:
+        approve = form.cleaned_data["decision"] == "approve"
+        run_service(request, services.version_approve if approve else services.version_reject,
+                    model_name=name, number=number, comment=form.cleaned_data["comment"],
+                    success=f"Version {number} {'approved' if approve else 'rejected'}.")
+    return redirect(f"{request.path.rsplit('approval/', 1)[0]}#approval")

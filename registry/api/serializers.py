@@ -1,10 +1,11 @@
 from django.urls import reverse
 from rest_framework import serializers
 
-from registry.choices import GraphOptimizationLevel
+from registry.choices import ApprovalState, GraphOptimizationLevel
 from registry.models import (
     Alias,
     ApiToken,
+    ApprovalDecision,
     AuditEvent,
     EndpointApiKey,
     ModelVersion,
@@ -42,9 +43,9 @@ class ModelSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = RegisteredModel
-        fields = ["name", "description", "tags", "owner", "archived", "created_at", "updated_at",
-                  "version_count", "latest_version", "stable_version", "candidate_version",
-                  "candidate_weight"]
+        fields = ["name", "description", "tags", "owner", "archived", "requires_approval",
+                  "created_at", "updated_at", "version_count", "latest_version",
+                  "stable_version", "candidate_version", "candidate_weight"]
 
     def _endpoint(self, obj):
         try:
@@ -74,6 +75,9 @@ class ModelCreateSerializer(serializers.Serializer):
 class ModelUpdateSerializer(serializers.Serializer):
     description = serializers.CharField(required=False, allow_blank=True)
     tags = serializers.ListField(child=serializers.CharField(), required=False)
+    requires_approval = serializers.BooleanField(required=False, help_text=(
+        "promotion (deploy, canary, blue-green, the production alias) takes approved versions "
+        "only"))
 
 
 class ArchiveSerializer(serializers.Serializer):
@@ -81,11 +85,23 @@ class ArchiveSerializer(serializers.Serializer):
     reason = serializers.CharField(required=False, allow_blank=True, default="")
 
 
+class ApprovalDecisionSerializer(serializers.ModelSerializer):
+    decided_by = serializers.CharField(source="decided_by_name", read_only=True)
+
+    class Meta:
+        model = ApprovalDecision
+        fields = ["decision", "comment", "decided_by", "decided_at"]
+
+
 class VersionSerializer(serializers.ModelSerializer):
     model = serializers.CharField(source="model.name", read_only=True)
     created_by = username("created_by")
     aliases = serializers.SerializerMethodField()
     artifact_url = serializers.SerializerMethodField()
+    approval = serializers.ChoiceField(choices=ApprovalState.choices, read_only=True,
+                                       help_text=ApprovalState.help_lines())
+    approvals = ApprovalDecisionSerializer(source="approval_decisions", many=True,
+                                           read_only=True, help_text="decisions, newest first")
 
     class Meta:
         model = ModelVersion
@@ -93,8 +109,8 @@ class VersionSerializer(serializers.ModelSerializer):
                   "original_filename", "signature", "metadata", "validation_report",
                   "validation_attempts", "max_batch_size", "preferred_batch_sizes",
                   "max_queue_delay_us", "max_queue_size", "instance_count", "intra_op_threads",
-                  "graph_optimization_level", "max_output_bytes", "aliases", "created_by",
-                  "created_at", "artifact_url"]
+                  "graph_optimization_level", "max_output_bytes", "aliases", "approval",
+                  "approvals", "created_by", "created_at", "artifact_url"]
 
     def get_aliases(self, obj) -> list[str]:
         return [a.name for a in obj.aliases.all()]
@@ -116,6 +132,11 @@ class VersionConfigSerializer(serializers.Serializer):
     # A CharField, not a ChoiceField: the service judges the value and words the error.
     graph_optimization_level = serializers.CharField(
         required=False, help_text=GraphOptimizationLevel.help_lines())
+
+
+class ApprovalCommentSerializer(serializers.Serializer):
+    comment = serializers.CharField(required=False, allow_blank=True, default="",
+                                    max_length=2000, help_text="required to reject")
 
 
 class UploadSerializer(serializers.Serializer):

@@ -19,6 +19,7 @@ from registry.api.serializers import (
     AliasSetSerializer,
     ApiKeyCreatedSerializer,
     ApiKeySerializer,
+    ApprovalCommentSerializer,
     ArchiveSerializer,
     AuditEventSerializer,
     DeploySerializer,
@@ -240,6 +241,24 @@ class VersionDetailView(APIView):
         return Response(VersionSerializer(selectors.version_get(name, number)).data)
 
 
+class VersionApproveView(APIView):
+    @extend_schema(request=ApprovalCommentSerializer, responses=VersionSerializer)
+    def post(self, request, name, number):
+        """Approve a version for promotion (an engineer or admin other than its uploader)."""
+        data = valid(ApprovalCommentSerializer, request.data)
+        services.version_approve(model_name=name, number=number, actor=actor(request), **data)
+        return Response(VersionSerializer(selectors.version_get(name, number)).data)
+
+
+class VersionRejectView(APIView):
+    @extend_schema(request=ApprovalCommentSerializer, responses=VersionSerializer)
+    def post(self, request, name, number):
+        """Reject a version (a comment saying why is required; not its uploader)."""
+        data = valid(ApprovalCommentSerializer, request.data)
+        services.version_reject(model_name=name, number=number, actor=actor(request), **data)
+        return Response(VersionSerializer(selectors.version_get(name, number)).data)
+
+
 class VersionArtifactView(APIView):
     @extend_schema(responses={(200, "application/octet-stream"): bytes})
     def get(self, request, name, number):
@@ -358,5 +377,6 @@ class ReplicaDetailView(APIView):
 
 JSON_ONLY = [JSONParser]
 for _view in (ModelListView, ModelDetailView, ModelArchiveView, VersionDetailView,
-              AliasDetailView, EndpointDeployView, ApiKeyListView):
+              VersionApproveView, VersionRejectView, AliasDetailView, EndpointDeployView,
+              ApiKeyListView):
     _view.parser_classes = JSON_ONLY

@@ -6,6 +6,7 @@
     mmc upload fraud model.onnx --metadata '{"git_commit": "abc"}' --wait
     mmc versions fraud
     mmc alias fraud production 3
+    mmc approve fraud 3 --comment "offline eval ok"   # or: reject fraud 3 --comment why
     mmc deploy fraud 3 --wait 30
     mmc canary fraud 4 --weight 5 --wait 30     # then: weight, promote, abort
     mmc canary fraud 4 --plan '{"steps": [5, 25, 50, 100], "bake_seconds": 300}'
@@ -100,6 +101,15 @@ def cmd_deploy(c: Client, a) -> int:
     print_json(body)
     conv = body.get("convergence")
     return 0 if conv is None or conv["converged"] else 3
+
+
+def cmd_decide(c: Client, a) -> int:
+    """approve / reject: the version's approval, decided by someone other than its uploader."""
+    version = c.call("POST", f"models/{a.model}/versions/{a.version}/{a.command}/",
+                     json={"comment": a.comment})
+    print(f"{a.model}:{a.version} {a.command}d", file=sys.stderr)  # a refusal raised already
+    print_json(version)
+    return 0
 
 
 ROLLOUT_OPS = {
@@ -287,6 +297,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("version", type=int, nargs="?")
     s.add_argument("--delete", action="store_true")
     s.set_defaults(fn=cmd_alias)
+    for command, text in (("approve", "approve a version for promotion (not your own upload)"),
+                          ("reject", "reject a version, saying why (not your own upload)")):
+        s = sub.add_parser(command, help=text)
+        s.add_argument("model")
+        s.add_argument("version", type=int)
+        s.add_argument("--comment", default="", required=command == "reject",
+                       help="why (required to reject); kept with the decision")
+        s.set_defaults(fn=cmd_decide)
     s = sub.add_parser("deploy", help="make a ready version the endpoint's stable")
     s.add_argument("model")
     s.add_argument("version", type=int)

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 ACTION_EVENTS = {
     "version.ready": "version.ready",
     "version.failed": "version.failed",
+    "version.approve": "version.approved",
+    "version.reject": "version.rejected",
     "endpoint.canary": "canary.started",
     "endpoint.promote": "canary.promoted",
     "endpoint.abort": "canary.rolled_back",  # by hand, or the automated analysis' rollback

@@ -9,6 +9,7 @@ from registry.services.access import (
     token_login,
     token_revoke,
 )
+from registry.services.approvals import version_approve, version_reject
 from registry.services.catalog import (
     alias_remove,
     alias_set,
@@ -19,6 +20,7 @@ from registry.services.catalog import (
 from registry.services.deployments import endpoint_deploy, endpoint_for_update, endpoint_state
 from registry.services.rollouts import (
     analysis_advance,
+    analysis_hold,
     analysis_pause,
     analysis_resume,
     bluegreen_deploy,
@@ -37,12 +39,12 @@ from registry.services.sso import role_from_groups, sso_sign_in
 from registry.services.versions import version_configure, version_upload
 
 __all__ = [
-    "analysis_advance", "analysis_pause", "analysis_resume", "bluegreen_deploy",
+    "analysis_advance", "analysis_hold", "analysis_pause", "analysis_resume", "bluegreen_deploy",
     "bluegreen_finish", "bluegreen_switch", "bluegreen_switch_back", "canary_abort",
     "canary_promote", "canary_start", "canary_weight", "endpoint_state", "rollback",
     "shadow_start", "shadow_stop",
     "alias_remove", "alias_set", "api_key_create", "api_key_revoke", "endpoint_deploy",
     "endpoint_for_update", "ensure_roles", "model_archive", "model_create", "model_update",
     "role_from_groups", "sso_sign_in", "token_create", "token_login", "token_revoke",
-    "version_configure", "version_upload",
+    "version_approve", "version_configure", "version_reject", "version_upload",
 ]

@@ -22,6 +22,7 @@ from registry.metrics import version_window
 from registry.models import Endpoint
 from registry.routing import AnalysisPlan
 from registry.services import rollouts
+from registry.services.approvals import ApprovalRequired, approval_blocks
 
 log = logging.getLogger(__name__)
 ACTOR = "canary-analysis"
@@ -30,7 +31,7 @@ Metrics = Callable[[str, int, datetime], dict]
 
 @dataclass
 class Decision:
-    action: str  # "wait" | "advance" | "promote" | "rollback"
+    action: str  # "wait" | "advance" | "promote" | "rollback" | "hold"
     why: str
     figures: dict = field(default_factory=dict)
 
@@ -111,6 +112,9 @@ def tick(*, now: datetime | None = None, metrics: Metrics | None = None) -> list
         baked = (now - started).total_seconds() >= plan.bake_seconds
         d = decide(plan, step, candidate=candidate, stable=stable, baked=baked,
                    stable_since_start=since_start)
+        if d.action == "promote" and approval_blocks(ep.model, ep.candidate):
+            d = Decision("hold", f"{ApprovalRequired(ep.model, ep.candidate).message}; the "
+                         f"analysis holds at its last step until then", d.figures)
         out.append({"model": name, "action": d.action, "why": d.why, "figures": d.figures})
         try:
             if d.action == "advance":
@@ -119,6 +123,9 @@ def tick(*, now: datetime | None = None, metrics: Metrics | None = None) -> list
             elif d.action == "promote":
                 rollouts.canary_promote(model_name=name, actor=actor, reason=d.why,
                                         details=d.figures)
+            elif d.action == "hold" and analysis.held != d.why:  # audited once, not per tick
+                rollouts.analysis_hold(model_name=name, why=d.why, actor=actor,
+                                       details=d.figures)
             elif d.action == "rollback":
                 rollouts.canary_abort(model_name=name, actor=actor,
                                       reason=f"automatic rollback: {d.why}", details=d.figures)

@@ -7,6 +7,7 @@ from django.db import IntegrityError, transaction
 from registry.audit import Actor, record
 from registry.errors import InvalidRequest, LifecycleError, NotFound
 from registry.models import SLUG, Alias, ModelVersion, RegisteredModel
+from registry.services.approvals import PRODUCTION_ALIAS, require_approved
 
 
 def lock_model(name: str, *, allow_archived: bool = False) -> RegisteredModel:
@@ -23,7 +24,7 @@ def lock_model(name: str, *, allow_archived: bool = False) -> RegisteredModel:
 
 def _snapshot(model: RegisteredModel) -> dict:
     return {"name": model.name, "description": model.description, "tags": model.tags,
-            "archived": model.archived,
+            "archived": model.archived, "requires_approval": model.requires_approval,
             "owner": model.owner.get_username() if model.owner else None}
 
 
@@ -57,7 +58,7 @@ def model_create(*, name: str, actor: Actor, description: str = "", tags=None) -
 
 
 def model_update(*, name: str, actor: Actor, description: str | None = None,
-                 tags=None) -> RegisteredModel:
+                 tags=None, requires_approval: bool | None = None) -> RegisteredModel:
     with transaction.atomic():
         model = lock_model(name, allow_archived=True)
         before = _snapshot(model)
@@ -65,6 +66,11 @@ def model_update(*, name: str, actor: Actor, description: str | None = None,
             model.description = description
         if tags is not None:
             model.tags = _clean_tags(tags)
+        if requires_approval is not None:
+            if not isinstance(requires_approval, bool):
+                raise InvalidRequest("requires_approval must be true or false",
+                                     field="requires_approval")
+            model.requires_approval = requires_approval
         model.save()
         record(actor, "model.update", target_type="model", target=name, model_name=name,
                before=before, after=_snapshot(model))
@@ -102,6 +108,8 @@ def alias_set(*, model_name: str, alias: str, version_number: int, actor: Actor)
         except ModelVersion.DoesNotExist:
             raise NotFound(f"model {model_name!r} has no version {version_number}",
                            field="version") from None
+        if alias == PRODUCTION_ALIAS:
+            require_approved(model, version)
         existing = Alias.objects.filter(model=model, name=alias).first()
         before = {"alias": alias, "version": existing.version.number} if existing else None
         if existing:

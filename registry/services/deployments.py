@@ -25,6 +25,7 @@ from registry.routing import (
     UNLOADING,
 )
 from registry.selectors import ready_version  # rollouts.py imports it from here too
+from registry.services.approvals import require_approved
 from registry.services.catalog import lock_model
 
 # Which states allow which operation. Shadow is orthogonal to the traffic split.
@@ -46,6 +47,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "shadow-stop": frozenset({STABLE, CANARY, ANALYSING, BLUE_GREEN, EMPTY}),
     # Driven by the system, not offered to users as such:
     "advance": frozenset({ANALYSING}),          # the analysis moves to its next step
+    "hold": frozenset({ANALYSING}),             # ... or may not promote (approval pending)
     "rollback-load": frozenset({UNLOADING}),    # second half of an unload-first rollback
     "expire-warm": frozenset(STATES),           # drop versions whose grace period is over
 }
@@ -166,6 +168,7 @@ def endpoint_deploy(*, model_name: str, version_number: int | None, actor: Actor
 
     def deploy(ep: Endpoint, model: RegisteredModel) -> None:
         version = ready_version(model, version_number)
+        require_approved(model, version)
         if ep.stable_id == version.pk:
             raise LifecycleError(f"version {version_number} is already stable on {model_name!r}")
         keep_warm(ep, ep.stable_id)

@@ -17,19 +17,16 @@ from registry import selectors
 from registry.audit import Actor
 from registry.choices import RollbackOrder
 from registry.convergence import wait_for_revision
-from registry.errors import InvalidRequest, LifecycleError, RegistryError
+from registry.errors import Forbidden, InvalidRequest, LifecycleError
 from registry.models import Endpoint, ModelVersion, RegisteredModel
 from registry.roles import has_role
 from registry.routing import Analysis, AnalysisPlan, BlueGreen, PendingRollback
+from registry.services.approvals import require_approved
 from registry.services.deployments import keep_warm, ready_version, transition
 from registry.services.replicas import replicas_forget
 from registry.signatures import signature_differences
 
 UNLOAD_WAIT_SECONDS = 30.0
-
-
-class Forbidden(RegistryError):
-    status = 403
 
 
 def _weight(weight: int) -> int:
@@ -57,6 +54,7 @@ def canary_start(*, model_name: str, version_number: int, weight: int = 0, actor
 
     def change(ep: Endpoint, model: RegisteredModel) -> dict:
         version = ready_version(model, version_number)
+        require_approved(model, version)
         if version.pk == ep.stable_id:
             raise LifecycleError(f"version {version_number} is already stable on {model_name!r}")
         details: dict = {}
@@ -107,6 +105,7 @@ def canary_promote(*, model_name: str, actor: Actor, reason: str = "",
     rollback to it is instant."""
 
     def change(ep: Endpoint, model: RegisteredModel) -> dict | None:
+        require_approved(model, ep.candidate)
         keep_warm(ep, ep.stable_id)
         ep.stable_id = ep.candidate_id
         _end_canary(ep)
@@ -166,6 +165,19 @@ def analysis_advance(*, model_name: str, from_step: int, actor: Actor, reason: s
 
     return transition("advance", model_name=model_name, actor=actor, change=change,
                       reason=reason, action="endpoint.analysis.advance")
+
+
+def analysis_hold(*, model_name: str, why: str, actor: Actor,
+                  details: dict | None = None) -> Endpoint:
+    """The analysis would promote, but a rule forbids it (the candidate awaits approval): it
+    holds at its last step and remembers why, so the refusal is audited once, not every tick."""
+
+    def change(ep: Endpoint, model: RegisteredModel) -> dict | None:
+        ep.rollout = ep.rollout.with_(analysis=replace(ep.rollout.analysis, held=why))
+        return details
+
+    return transition("hold", model_name=model_name, actor=actor, change=change, reason=why,
+                      action="endpoint.analysis.hold")
 
 
 # ---------------------------------------------------------------------------------- rollback
@@ -237,6 +249,7 @@ def bluegreen_deploy(*, model_name: str, version_number: int, actor: Actor,
 
     def change(ep: Endpoint, model: RegisteredModel) -> dict:
         version = ready_version(model, version_number)
+        require_approved(model, version)
         if not ep.live_color:
             ep.blue, ep.live_color = ep.stable, "blue"
         routing = ep.routing
@@ -275,6 +288,8 @@ def _switch(op: str, *, model_name: str, actor: Actor, reason: str) -> Endpoint:
         target = getattr(ep, idle)
         if target is None:
             raise LifecycleError(f"the idle colour ({idle}) has no version; deploy to it first")
+        if op == "switch":  # switching back returns to what was live: a rollback, never gated
+            require_approved(model, target)
         behind = idle_laggards(model_name, target.number)
         if behind:
             raise LifecycleError(
