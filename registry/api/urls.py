@@ -17,6 +17,8 @@ urlpatterns = [
          views.VersionRawUploadView.as_view(schema=None)),
     path(f"{MODEL}/versions/<int:number>/", views.VersionDetailView.as_view(),
          name="version-detail"),
+    path(f"{MODEL}/versions/<int:number>/convert/", views.VersionConvertView.as_view(),
+         name="version-convert"),
     path(f"{MODEL}/versions/<int:number>/artifact/", views.VersionArtifactView.as_view(),
          name="version-artifact"),
     path(f"{MODEL}/aliases/", views.AliasListView.as_view(), name="alias-list"),
