@@ -20,6 +20,8 @@ urlpatterns = [
     path(f"{M}/versions/<int:number>/", versions.version_detail, name="version-detail"),
     path(f"{M}/versions/<int:number>/tensorrt/", versions.version_tensorrt,
          name="version-tensorrt"),
+    path(f"{M}/versions/<int:number>/convert/", versions.version_convert_view,
+         name="version-convert"),
     path(f"{M}/diff/", models.model_diff, name="model-diff"),
     path(f"{M}/aliases/", models.alias_set, name="alias-set"),
     path(f"{M}/aliases/<str:alias>/remove/", models.alias_remove, name="alias-remove"),

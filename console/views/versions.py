@@ -11,6 +11,7 @@ from django.views.decorators.http import require_GET, require_POST
 from registry import selectors
 from registry.integrations.tensorrt import BUILDING, PRECISIONS, QUEUED
 from registry.services import tensorrt as trt_services
+from registry.services.conversion import version_convert
 from registry.services.versions import SERVING_FIELDS
 
 from .. import tryit
@@ -38,6 +39,10 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
         "engines_pending": any((e or {}).get("status") in (QUEUED, BUILDING)
                                for e in builds.values()),
         "serving": [(f, getattr(version, f)) for f in SERVING_FIELDS],
+        "too_new": (version.validation_report or {}).get("runtime_too_new")
+        if version.status == "failed" else None,
+        "converted_to": list(version.model.versions.filter(
+            metadata__converted_from=number).values_list("number", flat=True)),
         "infer_url": f"/v2/models/{name}/versions/{number}/infer",
         "curl": tryit.curl_snippet(base, name, number, inputs),
         "tritonclient": tryit.tritonclient_snippet(request.get_host(), name, number, inputs,
@@ -65,3 +70,25 @@ def version_tensorrt(request: HttpRequest, name: str, number: int) -> HttpRespon
                     success=f"{precision.upper()} TensorRT engine build queued: its status "
                             f"shows below.")
     return redirect(f"{request.path.rsplit('tensorrt/', 1)[0]}#tensorrt")
+
+
+@require_POST
+@requires("viewer", write="engineer")
+def version_convert_view(request: HttpRequest, name: str, number: int) -> HttpResponse:
+    """Convert a too-new version; the same service as POST .../convert/ in the API. Success
+    opens the new version's page, a refusal stays here with the reason."""
+    result = run_service(request, version_convert, model_name=name, number=number)
+    if result is None:
+        return redirect(f"{request.path.rsplit('convert/', 1)[0]}#convert")
+    version, created = result
+    conversion = (version.metadata or {}).get("conversion") or {}
+    if created:
+        messages.success(request, f"Converted v{number} to v{version.number} (IR "
+                                  f"{conversion['to']['ir_version']}, opset "
+                                  f"{conversion['to']['opset']}): outputs match within rtol "
+                                  f"{conversion['tolerance']['rtol']:g}, atol "
+                                  f"{conversion['tolerance']['atol']:g} (max abs diff "
+                                  f"{conversion['max_abs_diff']:.3g}); it is being validated.")
+    else:
+        messages.info(request, f"v{number} was already converted: v{version.number}.")
+    return redirect("console:version-detail", name, version.number)

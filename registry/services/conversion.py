@@ -82,10 +82,10 @@ def convert_model(model: onnx.ModelProto, *, ir_version: int, opset: int, rtol: 
 def _converter_reason(exc: Exception, source: int, target: int) -> str:
     text = str(exc)
     if match := re.search(r"No Previous Version of (\S+) exists", text):
-        return (f"operator {match.group(1)} cannot be converted down to opset {target}: it does "
-                f"not exist before a later opset (the model has {source}), so there is no "
-                f"adapter; export the model without it, or serve it with an onnxruntime that "
-                f"loads opset {source}")
+        return (f"operator {match.group(1)} cannot be converted down to opset {target}: it "
+                f"first appears in a later opset (the model imports opset {source}) and has no "
+                f"earlier version, so no adapter exists; export the model without it, or serve "
+                f"it with an onnxruntime that loads opset {source}")
     if match := re.search(r"No Adapter (?:From|For) (\S+)", text):
         return (f"operator {match.group(1)} has no adapter from opset {source} down to "
                 f"{target} in onnx's version converter; export the model at opset {target}")
