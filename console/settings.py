@@ -295,6 +295,11 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A validation's worker renews its lease every third of this; one silent this long (worker
 # killed, message never sent) is queued again by the recovery tick.
 VALIDATION_LEASE_SECONDS = env.float("MMC_VALIDATION_LEASE_SECONDS", default=15.0)
+# Converting a too-new model down to what onnxruntime loads runs in the request (see
+# registry/services/conversion.py): artifacts over this size are refused with the reason.
+CONVERT_MAX_BYTES = env.int("MMC_CONVERT_MAX_BYTES", default=64 * 1024**2)
+CONVERT_RTOL = env.float("MMC_CONVERT_RTOL", default=1e-4)  # equivalence tolerance, stated
+CONVERT_ATOL = env.float("MMC_CONVERT_ATOL", default=1e-5)  # in every conversion's record
 
 # Jobs (registry.jobs): async inference bodies and batch datasets live under ARTIFACT_ROOT/jobs/.
 ASYNC_MAX_BYTES = env.int("MMC_ASYNC_MAX_BYTES", default=1024**3)

@@ -23,6 +23,8 @@ urlpatterns = [
     path(f"{M}/versions/<int:number>/approval/", versions.version_decide,
          name="version-decide"),
     path(f"{M}/approval/", models.approval_setting, name="approval-setting"),
+    path(f"{M}/versions/<int:number>/convert/", versions.version_convert_view,
+         name="version-convert"),
     path(f"{M}/diff/", models.model_diff, name="model-diff"),
     path(f"{M}/aliases/", models.alias_set, name="alias-set"),
     path(f"{M}/aliases/<str:alias>/remove/", models.alias_remove, name="alias-remove"),

@@ -47,6 +47,13 @@ class LifecycleError(RegistryError):
     status = 409
 
 
+class ConversionRefused(RegistryError):
+    """The request was understood, but the model cannot be converted as asked (an operator with
+    no adapter, outputs that differ beyond the tolerance) (422)."""
+
+    status = 422
+
+
 class Gone(RegistryError):
     """It existed, but its data was removed (expired) and cannot come back (410)."""
 

@@ -124,6 +124,27 @@ def _probe(ort, *, ir_version: int, opset: int, pattern: str) -> int | None:
     return None
 
 
+def default_opset(model: onnx.ModelProto) -> int | None:
+    """The model's default-domain (ai.onnx) opset, None if it imports none."""
+    versions = [op.version for op in model.opset_import if op.domain in ("", "ai.onnx")]
+    return max(versions) if versions else None
+
+
+def runtime_too_new(model: onnx.ModelProto) -> dict | None:
+    """What is too new for the installed onnxruntime, as data (the version page offers a
+    conversion from it): the model's IR version and opset beside the runtime's maxima; None when
+    the runtime loads both, or when its limits are unknown."""
+    limits = runtime_limits()
+    if limits is None:
+        return None
+    max_ir, max_opset = limits
+    opset = default_opset(model)
+    if model.ir_version <= max_ir and (opset is None or opset <= max_opset):
+        return None
+    return {"ir_version": int(model.ir_version), "opset": opset, "max_ir_version": max_ir,
+            "max_opset": max_opset, "runtime": f"onnxruntime {ort.__version__}"}
+
+
 def runtime_compatibility_problem(model: onnx.ModelProto) -> str | None:
     """Why the installed onnxruntime cannot load this model (IR version or default-domain
     opset too new), naming both numbers; None when it can, or when the limits are unknown."""

@@ -18,7 +18,11 @@ from google.protobuf.message import DecodeError
 from registry.audit import Actor, record
 from registry.background import enqueue, every
 from registry.models import ModelVersion, VersionStatus
-from registry.signatures import extract_signature, runtime_compatibility_problem
+from registry.signatures import (
+    extract_signature,
+    runtime_compatibility_problem,
+    runtime_too_new,
+)
 from registry.store.artifacts import default_store
 from serving.runtime import OnnxRuntime, select_providers
 from serving.signature import DEFAULT_MAX_BATCH_SIZE, batch_dimension
@@ -28,7 +32,11 @@ MAX_ATTEMPTS = 3
 
 
 class ValidationFailed(Exception):
-    pass
+    """Why the version cannot serve; `report` keeps what validation learned before it failed."""
+
+    def __init__(self, reason: str, *, report: dict | None = None):
+        super().__init__(reason)
+        self.report = report or {}
 
 
 def _inspect(path, size: int) -> tuple[dict, dict]:
@@ -52,7 +60,9 @@ def _inspect(path, size: int) -> tuple[dict, dict]:
     report["checker"] = "passed (full_check)"
     problem = runtime_compatibility_problem(model)
     if problem:
-        raise ValidationFailed(problem)
+        # kept in the report as data: the version page and the CLI offer a conversion from it
+        too_new = runtime_too_new(model)
+        raise ValidationFailed(problem, report={**report, "runtime_too_new": too_new})
     try:
         signature = extract_signature(model)
     except ValueError as exc:
@@ -107,7 +117,7 @@ def validate_version(version_id: int) -> str:
             with every(lease().total_seconds() / 3, _renew, version_id):
                 signature, report = _inspect(path, version.size_bytes)
         except ValidationFailed as exc:
-            reason = str(exc)
+            reason, report = str(exc), exc.report
         except Exception as exc:  # never leave the version in validating
             log.exception("validation of %s crashed", version)
             reason = f"validation crashed: {exc.__class__.__name__}: {exc}"

@@ -12,6 +12,7 @@ from registry import selectors, services
 from registry.integrations.tensorrt import BUILDING, PRECISIONS, QUEUED
 from registry.services import tensorrt as trt_services
 from registry.services.approvals import may_decide
+from registry.services.conversion import version_convert
 from registry.services.versions import SERVING_FIELDS
 
 from .. import tryit
@@ -42,6 +43,10 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
         "decisions": version.approval_decisions.all(),
         "approval_refusal": may_decide(request.user, version),
         "approval_form": ApprovalForm(),
+        "too_new": (version.validation_report or {}).get("runtime_too_new")
+        if version.status == "failed" else None,
+        "converted_to": list(version.model.versions.filter(
+            metadata__converted_from=number).values_list("number", flat=True)),
         "infer_url": f"/v2/models/{name}/versions/{number}/infer",
         "curl": tryit.curl_snippet(base, name, number, inputs),
         "tritonclient": tryit.tritonclient_snippet(request.get_host(), name, number, inputs,
@@ -84,3 +89,23 @@ def version_decide(request: HttpRequest, name: str, number: int) -> HttpResponse
                     model_name=name, number=number, comment=form.cleaned_data["comment"],
                     success=f"Version {number} {'approved' if approve else 'rejected'}.")
     return redirect(f"{request.path.rsplit('approval/', 1)[0]}#approval")
+
+
+def version_convert_view(request: HttpRequest, name: str, number: int) -> HttpResponse:
+    """Convert a too-new version; the same service as POST .../convert/ in the API. Success
+    opens the new version's page, a refusal stays here with the reason."""
+    result = run_service(request, version_convert, model_name=name, number=number)
+    if result is None:
+        return redirect(f"{request.path.rsplit('convert/', 1)[0]}#convert")
+    version, created = result
+    conversion = (version.metadata or {}).get("conversion") or {}
+    if created:
+        messages.success(request, f"Converted v{number} to v{version.number} (IR "
+                                  f"{conversion['to']['ir_version']}, opset "
+                                  f"{conversion['to']['opset']}): outputs match within rtol "
+                                  f"{conversion['tolerance']['rtol']:g}, atol "
+                                  f"{conversion['tolerance']['atol']:g} (max abs diff "
+                                  f"{conversion['max_abs_diff']:.3g}); it is being validated.")
+    else:
+        messages.info(request, f"v{number} was already converted: v{version.number}.")
+    return redirect("console:version-detail", name, version.number)

@@ -21,6 +21,8 @@ urlpatterns = [
          name="version-approve"),
     path(f"{MODEL}/versions/<int:number>/reject/", views.VersionRejectView.as_view(),
          name="version-reject"),
+    path(f"{MODEL}/versions/<int:number>/convert/", views.VersionConvertView.as_view(),
+         name="version-convert"),
     path(f"{MODEL}/versions/<int:number>/artifact/", views.VersionArtifactView.as_view(),
          name="version-artifact"),
     path(f"{MODEL}/aliases/", views.AliasListView.as_view(), name="alias-list"),

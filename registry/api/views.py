@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from registry import background, selectors, services
 from registry.api.parsers import JSONParser, loads
+from registry.api.schema import errors
 from registry.api.serializers import (
     AliasSerializer,
     AliasSetSerializer,
@@ -43,6 +44,7 @@ from registry.filtersets import AuditFilterSet, ModelFilterSet
 from registry.models import ApiToken, Endpoint, ModelVersion
 from registry.notify import current_revision
 from registry.roles import role_of
+from registry.services.conversion import version_convert
 from registry.services.replicas import replica_remove
 from registry.store.artifacts import default_store
 
@@ -259,6 +261,19 @@ class VersionRejectView(APIView):
         return Response(VersionSerializer(selectors.version_get(name, number)).data)
 
 
+class VersionConvertView(APIView):
+    @extend_schema(request=None, responses={201: VersionUploadSerializer,
+                                            200: VersionUploadSerializer, **errors(413, 422)})
+    def post(self, request, name, number):
+        """Convert a version too new for the installed onnxruntime (IR version or opset) to the
+        highest it loads, as the next version, proven equivalent on generated inputs (lineage
+        and tolerance in its `metadata`); 422 with the reason when it cannot be converted."""
+        with background.unsent_tasks() as unsent:
+            version, created = version_convert(model_name=name, number=number,
+                                               actor=actor(request))
+        return _upload_response(version, created, unsent)
+
+
 class VersionArtifactView(APIView):
     @extend_schema(responses={(200, "application/octet-stream"): bytes})
     def get(self, request, name, number):
@@ -377,6 +392,6 @@ class ReplicaDetailView(APIView):
 
 JSON_ONLY = [JSONParser]
 for _view in (ModelListView, ModelDetailView, ModelArchiveView, VersionDetailView,
-              VersionApproveView, VersionRejectView, AliasDetailView, EndpointDeployView,
-              ApiKeyListView):
+              VersionApproveView, VersionRejectView, VersionConvertView, AliasDetailView,
+              EndpointDeployView, ApiKeyListView):
     _view.parser_classes = JSON_ONLY

@@ -4,6 +4,7 @@
     mmc whoami                                 # logout: revoke the token, forget it
     mmc create-model fraud --tag team:risk
     mmc upload fraud model.onnx --metadata '{"git_commit": "abc"}' --wait
+    mmc upload fraud today.onnx --convert      # IR/opset too new for the server: convert it
     mmc versions fraud
     mmc alias fraud production 3
     mmc approve fraud 3 --comment "offline eval ok"   # or: reject fraud 3 --comment why
@@ -72,10 +73,27 @@ def cmd_upload(c: Client, a) -> int:
                          headers={"Content-Type": "application/octet-stream"})
     print(version.get("detail") or f"uploaded {a.model}:{version['number']} "
           f"(sha256 {version['sha256'][:12]}), status {version['status']}", file=sys.stderr)
-    if a.wait:
-        version = _wait_validated(c, a.model, version["number"], a.wait)
+    if a.wait or a.convert:
+        version = _wait_validated(c, a.model, version["number"], a.wait or 120)
+    if a.convert and (version.get("validation_report") or {}).get("runtime_too_new"):
+        version = _convert(c, a.model, version, a.wait or 120)
     print_json(version)
     return 0 if version["status"] != "failed" else 2
+
+
+def _convert(c: Client, model: str, version: dict, timeout: float) -> dict:
+    """Validation said the runtime cannot load this IR version/opset: convert, then wait."""
+    print(f"{model}:{version['number']} failed validation: {version['failure_reason']}",
+          file=sys.stderr)
+    new = c.call("POST", f"models/{model}/versions/{version['number']}/convert/")
+    done = new["metadata"].get("conversion") or {}
+    frm, to, tol = done.get("from", {}), done.get("to", {}), done.get("tolerance", {})
+    print(new.get("detail") or (
+        f"converted {model}:{version['number']} (IR {frm.get('ir_version')}, opset "
+        f"{frm.get('opset')}) to {model}:{new['number']} (IR {to.get('ir_version')}, opset "
+        f"{to.get('opset')}): outputs match, max abs diff {done.get('max_abs_diff')} "
+        f"(rtol {tol.get('rtol')}, atol {tol.get('atol')})"), file=sys.stderr)
+    return _wait_validated(c, model, new["number"], timeout)
 
 
 def cmd_versions(c: Client, a) -> int:
@@ -287,6 +305,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("file")
     s.add_argument("--metadata", help="JSON object: git commit, dataset, metrics...")
     s.add_argument("--wait", type=float, default=0, help="seconds to wait for validation")
+    s.add_argument("--convert", action="store_true",
+                   help="if validation fails because the IR version or opset is newer than the "
+                        "server's onnxruntime loads, convert it (a new version) and wait for that")
     s.set_defaults(fn=cmd_upload)
     s = sub.add_parser("versions", help="list versions of a model")
     s.add_argument("model")
