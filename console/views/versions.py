@@ -91,6 +91,8 @@ def version_decide(request: HttpRequest, name: str, number: int) -> HttpResponse
     return redirect(f"{request.path.rsplit('approval/', 1)[0]}#approval")
 
 
+@require_POST
+@requires("viewer", write="engineer")
 def version_convert_view(request: HttpRequest, name: str, number: int) -> HttpResponse:
     """Convert a too-new version; the same service as POST .../convert/ in the API. Success
     opens the new version's page, a refusal stays here with the reason."""
