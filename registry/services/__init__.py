@@ -34,7 +34,7 @@ from registry.services.rollouts import (
     shadow_stop,
 )
 from registry.services.sso import role_from_groups, sso_sign_in
-from registry.services.versions import version_configure, version_upload
+from registry.services.versions import version_configure, version_describe, version_upload
 
 __all__ = [
     "analysis_advance", "analysis_pause", "analysis_resume", "bluegreen_deploy",
@@ -44,5 +44,5 @@ __all__ = [
     "alias_remove", "alias_set", "api_key_create", "api_key_revoke", "endpoint_deploy",
     "endpoint_for_update", "ensure_roles", "model_archive", "model_create", "model_update",
     "role_from_groups", "sso_sign_in", "token_create", "token_login", "token_revoke",
-    "version_configure", "version_upload",
+    "version_configure", "version_describe", "version_upload",
 ]
