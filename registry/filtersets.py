@@ -57,7 +57,8 @@ class ConditionsField(forms.Field):
 
     def __init__(self, parse, **kwargs):
         self.parse = parse
-        super().__init__(required=False, **kwargs)
+        kwargs["required"] = False
+        super().__init__(**kwargs)
 
     def to_python(self, value):
         values = value if isinstance(value, list) else [value] if value else []
