@@ -49,7 +49,8 @@ class RegisteredModel(models.Model):
 
 class ModelVersion(models.Model):
     """An immutable artifact plus what validation learned about it. Serving settings (batching,
-    threads) are the only fields that change after upload; each change is a new route revision."""
+    threads) change after upload (each change is a new route revision), and so do its
+    descriptive fields, evaluation metrics and lineage (registry.evaluation says what is valid)."""
 
     model = models.ForeignKey(RegisteredModel, on_delete=models.PROTECT, related_name="versions")
     number = models.PositiveIntegerField()
@@ -59,6 +60,13 @@ class ModelVersion(models.Model):
     original_filename = models.CharField(max_length=255, blank=True, default="")
     signature = models.JSONField(default=dict, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
+    # Evaluation metrics: name -> finite number (auc, accuracy, latency_p99_ms).
+    metrics = models.JSONField(default=dict, blank=True)
+    # Where it came from: run_url, git_commit, dataset (each optional).
+    lineage = models.JSONField(default=dict, blank=True)
+    # sha256 over the initializers (names, types, shapes, data), set by validation: two versions
+    # with the same one carry the same weights even when the files differ. "" = not known.
+    weights_sha256 = models.CharField(max_length=64, blank=True, default="")
     status = models.CharField(
         max_length=16, choices=VersionStatus.choices, default=VersionStatus.UPLOADED
     )

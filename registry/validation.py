@@ -4,6 +4,7 @@ can act on; never leaves a version in `validating`: the recovery tick queues a l
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from datetime import timedelta
@@ -14,6 +15,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 from google.protobuf.message import DecodeError
+from onnx import numpy_helper
 
 from registry.audit import Actor, record
 from registry.background import enqueue, every
@@ -37,6 +39,20 @@ class ValidationFailed(Exception):
     def __init__(self, reason: str, *, report: dict | None = None):
         super().__init__(reason)
         self.report = report or {}
+
+
+def weights_sha256(model) -> str:
+    """sha256 over the initializers (name, type, shape, data), sorted by name: the same weights
+    give the same hash whatever else in the file changed. "" when weights are external."""
+    digest = hashlib.sha256()
+    for init in sorted(model.graph.initializer, key=lambda t: t.name):
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            return ""
+        data = init.raw_data or numpy_helper.to_array(init).tobytes()
+        digest.update(f"{init.name}\0{init.data_type}\0{list(init.dims)}\0{len(data)}\0"
+                      .encode())
+        digest.update(data)
+    return digest.hexdigest()
 
 
 def _inspect(path, size: int) -> tuple[dict, dict]:
@@ -67,6 +83,7 @@ def _inspect(path, size: int) -> tuple[dict, dict]:
         signature = extract_signature(model)
     except ValueError as exc:
         raise ValidationFailed(f"unsupported signature: {exc}") from None
+    report["weights_sha256"] = weights_sha256(model)
     report["parse_ms"] = round((time.perf_counter() - t0) * 1000, 2)
     runtime = OnnxRuntime(str(path), providers=select_providers(settings.ORT_PROVIDERS or None))
     try:
@@ -131,6 +148,7 @@ def validate_version(version_id: int) -> str:
         else:
             version.status, version.failure_reason = VersionStatus.READY, ""
             version.signature = signature
+            version.weights_sha256 = report.pop("weights_sha256", "")
             if batch_dimension(signature) and version.max_batch_size == 0:
                 version.max_batch_size = DEFAULT_MAX_BATCH_SIZE
         version.save()

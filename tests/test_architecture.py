@@ -16,7 +16,7 @@ PACKAGES = ("registry", "serving")
 # registry's layers, lowest first: a module imports only from its own layer or the ones below.
 LAYERS = [
     ("registry.errors", "registry.routing", "registry.roles", "registry.logfilters"),
-    ("registry.choices", "registry.models"),
+    ("registry.choices", "registry.models", "registry.evaluation"),
     ("registry.audit", "registry.notify", "registry.background", "registry.store",
      "registry.signatures", "registry.metrics", "registry.selectors", "registry.convergence",
      "registry.samples", "registry.filtersets"),

@@ -135,8 +135,12 @@ def arguments(sub: argparse.ArgumentParser, tmp_path, other_url: str, every_opti
             return str(tmp_path / "in.bin")
         if dest in ("output", "out", "result"):
             return str(tmp_path / f"{dest}.out")
-        if dest in ("metadata", "plan"):
+        if dest == "plan" or (dest == "metadata" and sub.prog.endswith(" upload")):
             return "{}"
+        if dest == "metadata":
+            return "team:ml"
+        if dest == "metric":
+            return "auc=0.9" if sub.prog.endswith(" upload") else "auc>0.9"
         if dest == "id":
             return JOB_ID
         return "x"

@@ -180,3 +180,23 @@ def duration(seconds) -> str:
         return f"{minutes} min {secs:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min"
+
+
+@register.filter
+def metric(value) -> str:
+    """An evaluation metric for a table: up to 4 decimals, no trailing zeros; "—" when absent."""
+    if value is None:
+        return "—"
+    if isinstance(value, int) or float(value).is_integer() and abs(value) < 1e15:
+        return f"{int(value):,}"
+    if abs(value) >= 1000:
+        return f"{value:,.1f}"
+    return f"{value:.4f}".rstrip("0").rstrip(".") if abs(value) >= 1e-4 else f"{value:.2e}"
+
+
+@register.filter
+def signed_metric(value) -> str:
+    """A difference, with its sign: +0.02, −3."""
+    if value is None:
+        return "—"
+    return ("+" if value > 0 else "−" if value < 0 else "±") + metric(abs(value))

@@ -3,6 +3,8 @@ upload, diff) and the POSTs behind its buttons. Every change goes through a regi
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
@@ -12,7 +14,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from registry import selectors, services
 from registry.errors import NotFound
-from registry.filtersets import ModelFilterSet
+from registry.evaluation import metric_columns, metric_diff, metric_rows
+from registry.filtersets import ModelFilterSet, VersionFilterSet
 from registry.models import VersionStatus
 from registry.roles import has_role
 
@@ -24,6 +27,7 @@ from ..forms import (
     ModelCreateForm,
     error_text,
 )
+from ..templatetags.console import filesize
 from . import render_page_or_partial
 from .access import requires, run_service
 
@@ -76,13 +80,26 @@ def model_create(request: HttpRequest) -> HttpResponse:
 
 
 def version_rows_context(request: HttpRequest, model) -> dict:
-    versions = list(selectors.version_list(model))
+    """The versions table and the metrics table above it, both narrowed by the version filter
+    (the API's VersionFilterSet); the pickers keep every version."""
+    everything = list(selectors.version_list(model))
+    filterset = VersionFilterSet(request.GET, queryset=selectors.version_list(model))
+    active = [k for k in filterset.filters if request.GET.get(k, "").strip()]
+    if active and filterset.is_valid():
+        versions = list(filterset.qs)
+    else:
+        versions = everything
+    columns = metric_columns(versions)
     endpoint = selectors.endpoint_get(model)
     return {
         "model": model, "versions": versions, "endpoint": endpoint,
-        "numbers": [v.number for v in versions],
-        "pending": any(v.status in PENDING for v in versions),
+        "numbers": [v.number for v in everything],
+        "pending": any(v.status in PENDING for v in everything),
         "can_write": has_role(request.user, "engineer"),
+        "filter": filterset, "filtered": bool(active) and filterset.is_valid(),
+        "filter_query": urlencode([(k, v) for k in active for v in request.GET.getlist(k)]),
+        "metric_columns": columns,
+        "metric_rows": [r for r in metric_rows(versions, columns) if r["version"].metrics],
     }
 
 
@@ -139,6 +156,16 @@ def _pairs(a: dict, b: dict) -> list[dict]:
             for k in keys]
 
 
+def _size_change(delta: int) -> str:
+    return "same" if not delta else ("+" if delta > 0 else "−") + filesize(abs(delta))
+
+
+def _weights_change(a, b) -> str:
+    if not a.weights_sha256 or not b.weights_sha256:
+        return "unknown"  # not validated yet, failed, or external weights
+    return "same weights" if a.weights_sha256 == b.weights_sha256 else "weights changed"
+
+
 @require_GET
 @requires("viewer")
 def model_diff(request: HttpRequest, name: str) -> HttpResponse:
@@ -155,6 +182,10 @@ def model_diff(request: HttpRequest, name: str) -> HttpResponse:
             graph=_pairs({k: v for k, v in sa.items() if k not in ("inputs", "outputs")},
                          {k: v for k, v in sb.items() if k not in ("inputs", "outputs")}),
             metadata=_pairs(va.metadata or {}, vb.metadata or {}),
+            metrics=metric_diff(va.metrics or {}, vb.metrics or {}),
+            lineage=_pairs(va.lineage or {}, vb.lineage or {}),
+            weights=_weights_change(va, vb),
+            size_change=_size_change(vb.size_bytes - va.size_bytes),
         )
     return render_page_or_partial(request, "console/model_diff.html", "console/partials/diff.html",
                                   context, status=200 if form.is_valid() else 400)

@@ -93,8 +93,25 @@ class ApprovalDecisionSerializer(serializers.ModelSerializer):
         fields = ["decision", "comment", "decided_by", "decided_at"]
 
 
+class LineageSerializer(serializers.Serializer):
+    run_url = serializers.CharField(required=False, help_text="the training run (http/https)")
+    git_commit = serializers.CharField(required=False, help_text="7-64 hexadecimal digits")
+    dataset = serializers.CharField(required=False, help_text="what it was trained on")
+
+
+METRICS_HELP = ("evaluation metrics: name -> finite number, e.g. {\"auc\": 0.91}; lower is better "
+                "for names ending in _ms/_us/_s/_seconds/_bytes or containing latency, loss, "
+                "error, mse, mae, rmse, perplexity or wer, higher otherwise")
+
+
 class VersionSerializer(serializers.ModelSerializer):
     model = serializers.CharField(source="model.name", read_only=True)
+    metrics = serializers.DictField(child=serializers.FloatField(), read_only=True,
+                                    help_text=METRICS_HELP)
+    lineage = LineageSerializer(read_only=True)
+    weights_sha256 = serializers.CharField(
+        read_only=True, help_text="sha256 over the initializers (set by validation; empty "
+        "until then): equal on two versions = same weights")
     created_by = username("created_by")
     aliases = serializers.SerializerMethodField()
     artifact_url = serializers.SerializerMethodField()
@@ -106,7 +123,8 @@ class VersionSerializer(serializers.ModelSerializer):
     class Meta:
         model = ModelVersion
         fields = ["model", "number", "status", "failure_reason", "sha256", "size_bytes", "format",
-                  "original_filename", "signature", "metadata", "validation_report",
+                  "original_filename", "signature", "metadata", "metrics", "lineage",
+                  "weights_sha256", "validation_report",
                   "validation_attempts", "max_batch_size", "preferred_batch_sizes",
                   "max_queue_delay_us", "max_queue_size", "instance_count", "intra_op_threads",
                   "graph_optimization_level", "max_output_bytes", "aliases", "approval",
@@ -120,6 +138,15 @@ class VersionSerializer(serializers.ModelSerializer):
 
 
 class VersionConfigSerializer(serializers.Serializer):
+    """PATCH of a version: serving settings, and the descriptive metrics and lineage."""
+
+    metrics = serializers.DictField(
+        child=serializers.JSONField(allow_null=True), required=False,
+        help_text="merged into the version's metrics; a metric set to null is removed. "
+        + METRICS_HELP)
+    lineage = serializers.DictField(
+        child=serializers.JSONField(allow_null=True), required=False,
+        help_text="merged into the lineage (run_url, git_commit, dataset); null removes one")
     max_batch_size = serializers.IntegerField(required=False)
     preferred_batch_sizes = serializers.ListField(child=serializers.IntegerField(), required=False)
     max_queue_delay_us = serializers.IntegerField(required=False)
@@ -141,7 +168,10 @@ class ApprovalCommentSerializer(serializers.Serializer):
 
 class UploadSerializer(serializers.Serializer):
     file = serializers.FileField(help_text="the .onnx file")
-    metadata = serializers.JSONField(required=False, help_text="lineage: git commit, dataset...")
+    metadata = serializers.JSONField(required=False, help_text="free-form JSON object")
+    metrics = serializers.JSONField(required=False, help_text=METRICS_HELP)
+    lineage = serializers.JSONField(required=False,
+                                    help_text="JSON object: run_url, git_commit, dataset")
 
 
 class AliasSerializer(serializers.ModelSerializer):

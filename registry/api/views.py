@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from django.conf import settings
+from django.db import transaction
 from django.http import FileResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
@@ -40,12 +41,13 @@ from registry.api.uploads import StoreUploadHandler, discard_refused_blobs, reme
 from registry.audit import Actor
 from registry.convergence import wait_for_revision
 from registry.errors import InvalidRequest, LifecycleError, PayloadTooLarge
-from registry.filtersets import AuditFilterSet, ModelFilterSet
+from registry.filtersets import AuditFilterSet, ModelFilterSet, VersionFilterSet
 from registry.models import ApiToken, Endpoint, ModelVersion
 from registry.notify import current_revision
 from registry.roles import role_of
 from registry.services.conversion import version_convert
 from registry.services.replicas import replica_remove
+from registry.services.versions import DESCRIPTIVE_FIELDS
 from registry.store.artifacts import default_store
 
 
@@ -131,13 +133,20 @@ def _check_uploadable(request, name: str) -> None:
                               f"{limit} bytes", field="file")
 
 
-def _metadata(raw) -> dict | None:
+def _json_object(raw, field: str = "metadata") -> dict | None:
+    """An upload's JSON-object field (metadata, metrics, lineage), from a form field, a query
+    parameter or a header; None when absent."""
     if raw in (None, ""):
         return None
-    value = loads(raw, what="metadata", field="metadata")  # bounded: depth, never recursion
+    value = loads(raw, what=field, field=field)  # bounded: depth, never recursion
     if not isinstance(value, dict):
-        raise InvalidRequest("metadata must be a JSON object", field="metadata")
+        raise InvalidRequest(f"{field} must be a JSON object", field=field)
     return value
+
+
+def _descriptive(get) -> dict:
+    """metadata, metrics and lineage of an upload, each read by `get(field)`."""
+    return {field: _json_object(get(field), field) for field in ("metadata", "metrics", "lineage")}
 
 
 def _upload_response(version, created: bool, unsent: list[tuple[str, str]]) -> Response:
@@ -166,7 +175,10 @@ class DiscardsRefusedUpload:
 
 
 class VersionListView(DiscardsRefusedUpload, generics.ListAPIView):
+    """Versions, newest first; `?metric=auc>0.9` and `?metadata=team:ml` filter (repeatable)."""
+
     serializer_class = VersionSerializer
+    filterset_class = VersionFilterSet
     parser_classes = [MultiPartParser]
 
     def get_queryset(self):
@@ -185,7 +197,8 @@ class VersionListView(DiscardsRefusedUpload, generics.ListAPIView):
     @extend_schema(request={"multipart/form-data": UploadSerializer},
                    responses={201: VersionUploadSerializer, 200: VersionUploadSerializer})
     def post(self, request, name):
-        """Upload a version (multipart field `file`, optional `metadata` JSON)."""
+        """Upload a version (multipart field `file`; optional `metadata`, `metrics` and `lineage`,
+        each a JSON object)."""
         _check_uploadable(request, name)
         upload = request.FILES.get("file")
         if upload is None:
@@ -193,7 +206,7 @@ class VersionListView(DiscardsRefusedUpload, generics.ListAPIView):
         with background.unsent_tasks() as unsent:
             version, created = services.version_upload(
                 model_name=name, blob=upload.blob, actor=actor(request), filename=upload.name,
-                metadata=_metadata(request.data.get("metadata")),
+                **_descriptive(request.data.get),
             )
         return _upload_response(version, created, unsent)
 
@@ -203,12 +216,17 @@ class VersionRawUploadView(DiscardsRefusedUpload, APIView):
 
     @extend_schema(
         request={"application/octet-stream": bytes},
-        parameters=[OpenApiParameter("filename", str), OpenApiParameter("metadata", str)],
+        parameters=[OpenApiParameter("filename", str),
+                    *(OpenApiParameter(f, str, description=f"JSON object (or header X-Model-"
+                                       f"{f.title()})") for f in ("metadata", "metrics",
+                                                                   "lineage"))],
         responses={201: VersionUploadSerializer, 200: VersionUploadSerializer},
     )
     def put(self, request, name, filename: str | None = None):
         """Upload a version as the raw request body (curl --upload-file). `curl -T model.onnx
-        …/versions/upload/` appends the file's name to the URL: that name is the filename."""
+        …/versions/upload/` appends the file's name to the URL: that name is the filename.
+        `metadata`, `metrics`, `lineage`: query parameters, or headers X-Model-Metadata,
+        X-Model-Metrics, X-Model-Lineage."""
         _check_uploadable(request, name)
         blob = default_store().writer().read_from(request._request.read).finish()
         remember_blob(request._request, blob)
@@ -216,8 +234,8 @@ class VersionRawUploadView(DiscardsRefusedUpload, APIView):
             version, created = services.version_upload(
                 model_name=name, blob=blob, actor=actor(request),
                 filename=filename or request.query_params.get("filename", ""),
-                metadata=_metadata(request.query_params.get("metadata")
-                                   or request.headers.get("X-Model-Metadata")),
+                **_descriptive(lambda f: request.query_params.get(f)
+                               or request.headers.get(f"X-Model-{f.title()}")),
             )
         return _upload_response(version, created, unsent)
 
@@ -229,17 +247,27 @@ class VersionDetailView(APIView):
 
     @extend_schema(request=VersionConfigSerializer, responses=VersionSerializer)
     def patch(self, request, name, number):
-        """Change serving settings (batching, instances, threads); other fields are immutable."""
+        """Change serving settings (batching, instances, threads) and the descriptive metrics
+        and lineage (merged: null removes a key); every other field is immutable."""
         if not isinstance(request.data, dict):
-            raise InvalidRequest("the body must be a JSON object of serving settings")
+            raise InvalidRequest("the body must be a JSON object of serving settings, metrics "
+                                 "or lineage")
         allowed = set(VersionConfigSerializer().fields)
         immutable = set(request.data) - allowed
         if immutable:
             raise InvalidRequest(f"{', '.join(sorted(immutable))}: a version is immutable; only "
-                                 f"serving settings ({', '.join(sorted(allowed))}) can change",
+                                 f"serving settings, metrics and lineage "
+                                 f"({', '.join(sorted(allowed))}) can change",
                                  field=sorted(immutable)[0])
         data = valid(VersionConfigSerializer, request.data)
-        services.version_configure(model_name=name, number=number, actor=actor(request), **data)
+        described = {k: data.pop(k) for k in DESCRIPTIVE_FIELDS if k in data}
+        with transaction.atomic():  # both changes, or neither
+            if described:
+                services.version_describe(model_name=name, number=number, actor=actor(request),
+                                          **described)
+            if data or not described:
+                services.version_configure(model_name=name, number=number,
+                                           actor=actor(request), **data)
         return Response(VersionSerializer(selectors.version_get(name, number)).data)
 
 

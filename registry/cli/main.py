@@ -3,9 +3,10 @@
     mmc login http://127.0.0.1:8000            # or, in CI: export MMC_URL=... MMC_TOKEN=mmc_...
     mmc whoami                                 # logout: revoke the token, forget it
     mmc create-model fraud --tag team:risk
-    mmc upload fraud model.onnx --metadata '{"git_commit": "abc"}' --wait
+    mmc upload fraud model.onnx --metric auc=0.91 --metric acc=0.88 --git-commit abc123 \
+        --run-url https://mlflow/runs/7 --dataset tx-2026-10 --metadata '{"team": "ml"}' --wait
     mmc upload fraud today.onnx --convert      # IR/opset too new for the server: convert it
-    mmc versions fraud
+    mmc versions fraud --metric 'auc>0.9' --metadata team:ml
     mmc alias fraud production 3
     mmc approve fraud 3 --comment "offline eval ok"   # or: reject fraud 3 --comment why
     mmc deploy fraud 3 --wait 30
@@ -60,14 +61,38 @@ def cmd_create_model(c: Client, a) -> int:
     return 0
 
 
+def parse_metrics(pairs: list[str] | None) -> dict[str, float]:
+    """`--metric auc=0.91` (repeatable) -> {"auc": 0.91}; the server judges names and ranges."""
+    metrics = {}
+    for pair in pairs or ():
+        name, sep, raw = pair.partition("=")
+        try:
+            value = float(raw)
+        except ValueError:
+            value = None
+        if not sep or not name.strip() or value is None:
+            raise CliError(f"--metric {pair!r}: expected NAME=NUMBER, e.g. auc=0.91")
+        metrics[name.strip()] = int(value) if raw.strip().lstrip("-").isdigit() else value
+    return metrics
+
+
 def cmd_upload(c: Client, a) -> int:
     path = Path(a.file)
     if not path.is_file():
         raise CliError(f"{path} is not a file")
     params = {"filename": path.name}
     if a.metadata:
-        json.loads(a.metadata)  # fail here, not on the server, on bad JSON
+        try:
+            json.loads(a.metadata)  # fail here, not on the server, on bad JSON
+        except ValueError as exc:
+            raise CliError(f"--metadata is not valid JSON: {exc}") from None
         params["metadata"] = a.metadata
+    if metrics := parse_metrics(a.metric):
+        params["metrics"] = json.dumps(metrics)
+    lineage = {k: v for k, v in (("run_url", a.run_url), ("git_commit", a.git_commit),
+                                 ("dataset", a.dataset)) if v}
+    if lineage:
+        params["lineage"] = json.dumps(lineage)
     with path.open("rb") as f:
         version = c.call("PUT", f"models/{a.model}/versions/upload/", params=params, content=f,
                          headers={"Content-Type": "application/octet-stream"})
@@ -97,9 +122,11 @@ def _convert(c: Client, model: str, version: dict, timeout: float) -> dict:
 
 
 def cmd_versions(c: Client, a) -> int:
-    for v in c.call("GET", f"models/{a.model}/versions/")["results"]:
+    params = [("metric", m) for m in a.metric or ()] + [("metadata", m) for m in a.metadata or ()]
+    for v in c.call("GET", f"models/{a.model}/versions/", params=params)["results"]:
+        metrics = " ".join(f"{k}={val:g}" for k, val in (v.get("metrics") or {}).items())
         print(f"{v['number']:>4}  {v['status']:10} {v['sha256'][:12]}  {v['size_bytes']:>10}  "
-              f"{','.join(v['aliases'])}  {v['failure_reason'][:60]}")
+              f"{','.join(v['aliases'])}  {metrics}  {v['failure_reason'][:60]}".rstrip())
     return 0
 
 
@@ -303,7 +330,12 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("upload", help="upload an .onnx file as the next version")
     s.add_argument("model")
     s.add_argument("file")
-    s.add_argument("--metadata", help="JSON object: git commit, dataset, metrics...")
+    s.add_argument("--metadata", help="free-form JSON object")
+    s.add_argument("--metric", action="append", metavar="NAME=NUMBER",
+                   help="an evaluation metric, e.g. auc=0.91 (repeat)")
+    s.add_argument("--run-url", help="lineage: the training run's URL")
+    s.add_argument("--git-commit", help="lineage: the commit it was trained from")
+    s.add_argument("--dataset", help="lineage: the dataset it was trained on")
     s.add_argument("--wait", type=float, default=0, help="seconds to wait for validation")
     s.add_argument("--convert", action="store_true",
                    help="if validation fails because the IR version or opset is newer than the "
@@ -311,6 +343,10 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_upload)
     s = sub.add_parser("versions", help="list versions of a model")
     s.add_argument("model")
+    s.add_argument("--metric", action="append", metavar="CONDITION",
+                   help="only versions where it holds, e.g. 'auc>0.9' (repeat: all must)")
+    s.add_argument("--metadata", action="append", metavar="KEY:VALUE",
+                   help="only versions whose metadata has it, e.g. team:ml (repeat)")
     s.set_defaults(fn=cmd_versions)
     s = sub.add_parser("alias", help="point an alias at a version (or --delete it)")
     s.add_argument("model")

@@ -36,7 +36,7 @@ from registry.services.rollouts import (
     shadow_stop,
 )
 from registry.services.sso import role_from_groups, sso_sign_in
-from registry.services.versions import version_configure, version_upload
+from registry.services.versions import version_configure, version_describe, version_upload
 
 __all__ = [
     "analysis_advance", "analysis_hold", "analysis_pause", "analysis_resume", "bluegreen_deploy",
@@ -46,5 +46,6 @@ __all__ = [
     "alias_remove", "alias_set", "api_key_create", "api_key_revoke", "endpoint_deploy",
     "endpoint_for_update", "ensure_roles", "model_archive", "model_create", "model_update",
     "role_from_groups", "sso_sign_in", "token_create", "token_login", "token_revoke",
-    "version_approve", "version_configure", "version_reject", "version_upload",
+    "version_approve", "version_configure", "version_describe", "version_reject",
+    "version_upload",
 ]

@@ -7,6 +7,7 @@ from django.utils import timezone
 from registry.audit import Actor, record
 from registry.choices import GraphOptimizationLevel
 from registry.errors import InvalidRequest, LifecycleError, NotFound
+from registry.evaluation import clean_lineage, clean_metrics, merge_patch
 from registry.models import ModelVersion, VersionStatus
 from registry.notify import bump_revision
 from registry.services.catalog import lock_model
@@ -25,17 +26,22 @@ CONFIG_FIELDS = {
     "max_output_bytes": (int, 0, 1 << 40),  # 0 = the replica's default (MMC_MAX_OUTPUT_BYTES)
 }
 SERVING_FIELDS = (*CONFIG_FIELDS, "preferred_batch_sizes", "graph_optimization_level")
+#: Descriptive fields that may change after upload (version_describe), besides serving settings.
+DESCRIPTIVE_FIELDS = ("metrics", "lineage")
 
 
 def version_upload(*, model_name: str, blob: StoredBlob, actor: Actor, filename: str = "",
-                   metadata: dict | None = None) -> tuple[ModelVersion, bool]:
+                   metadata: dict | None = None, metrics: dict | None = None,
+                   lineage: dict | None = None) -> tuple[ModelVersion, bool]:
     """Register a stored blob as the model's next version and queue its validation.
 
     Returns (version, created). The same bytes uploaded again return the existing version, so a
-    CI retry never creates a duplicate.
+    CI retry never creates a duplicate (its metrics and lineage stay; PATCH changes them).
     """
     if metadata is not None and not isinstance(metadata, dict):
         raise InvalidRequest("metadata must be a JSON object", field="metadata")
+    metrics = clean_metrics(metrics) if metrics is not None else {}
+    lineage = clean_lineage(lineage) if lineage is not None else {}
     with transaction.atomic():
         model = lock_model(model_name)  # serialises numbering per model
         existing = model.versions.filter(sha256=blob.sha256).first()
@@ -45,6 +51,7 @@ def version_upload(*, model_name: str, blob: StoredBlob, actor: Actor, filename:
         version = ModelVersion.objects.create(
             model=model, number=number, sha256=blob.sha256, size_bytes=blob.size,
             original_filename=(filename or "")[:255], metadata=metadata or {},
+            metrics=metrics, lineage=lineage,
             status=VersionStatus.VALIDATING, created_by=actor.user,
             validation_heartbeat_at=timezone.now(),  # queued: the recovery tick's clock starts
         )
@@ -56,7 +63,8 @@ def version_upload(*, model_name: str, blob: StoredBlob, actor: Actor, filename:
         record(actor, "version.upload", target_type="version", target=str(version),
                model_name=model_name,
                after={"number": number, "sha256": blob.sha256, "size_bytes": blob.size,
-                      "filename": version.original_filename})
+                      "filename": version.original_filename, "metrics": metrics,
+                      "lineage": lineage})
 
         queue_validation(version.pk)
     return version, True
@@ -99,4 +107,36 @@ def version_configure(*, model_name: str, number: int, actor: Actor, **changes) 
                model_name=model_name, before=before,
                after={k: getattr(version, k) for k in changes})
         bump_revision()
+    return version
+
+
+def version_describe(*, model_name: str, number: int, actor: Actor, metrics: dict | None = None,
+                     lineage: dict | None = None) -> ModelVersion:
+    """Change a version's evaluation metrics and lineage, as a JSON merge patch (a key set to
+    null is removed). Serving is untouched: no route revision."""
+    if metrics is None and lineage is None:
+        raise InvalidRequest("nothing to change: send metrics and/or lineage", field="metrics")
+    if metrics is not None and not isinstance(metrics, dict):
+        clean_metrics(metrics)  # raises, worded
+    if lineage is not None and not isinstance(lineage, dict):
+        clean_lineage(lineage)
+    with transaction.atomic():
+        model = lock_model(model_name, allow_archived=True)
+        try:
+            version = model.versions.select_for_update().get(number=number)
+        except ModelVersion.DoesNotExist:
+            raise NotFound(f"model {model_name!r} has no version {number}",
+                           field="version") from None
+        before, after = {}, {}
+        if metrics is not None:
+            before["metrics"] = version.metrics
+            version.metrics = clean_metrics(merge_patch(version.metrics or {}, metrics))
+            after["metrics"] = version.metrics
+        if lineage is not None:
+            before["lineage"] = version.lineage
+            version.lineage = clean_lineage(merge_patch(version.lineage or {}, lineage))
+            after["lineage"] = version.lineage
+        version.save(update_fields=list(after))
+        record(actor, "version.describe", target_type="version", target=str(version),
+               model_name=model_name, before=before, after=after)
     return version

@@ -31,8 +31,28 @@
     if (metadata) {
       try { JSON.parse(metadata); } catch (e) { say("Metadata is not valid JSON: " + e.message, true); return; }
     }
+    var metrics = {};
+    var pairs = document.getElementById("id_metrics").value.split(/[,\n]/);
+    for (var i = 0; i < pairs.length; i++) {
+      var pair = pairs[i].trim();
+      if (!pair) continue;
+      var at = pair.indexOf("=");
+      var value = at > 0 ? Number(pair.slice(at + 1).trim()) : NaN;
+      if (at <= 0 || pair.slice(at + 1).trim() === "" || !isFinite(value)) {
+        say("Metric “" + pair + "” is not NAME=NUMBER (e.g. auc=0.91).", true);
+        return;
+      }
+      metrics[pair.slice(0, at).trim()] = value;
+    }
+    var lineage = {};
+    ["run_url", "git_commit", "dataset"].forEach(function (key) {
+      var v = document.getElementById("id_" + key).value.trim();
+      if (v) lineage[key] = v;
+    });
     var url = form.getAttribute("data-upload-url") + "?filename=" + encodeURIComponent(file.name);
     if (metadata) url += "&metadata=" + encodeURIComponent(metadata);
+    if (Object.keys(metrics).length) url += "&metrics=" + encodeURIComponent(JSON.stringify(metrics));
+    if (Object.keys(lineage).length) url += "&lineage=" + encodeURIComponent(JSON.stringify(lineage));
 
     var xhr = new XMLHttpRequest();
     xhr.open("PUT", url);
