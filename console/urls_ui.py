@@ -18,6 +18,7 @@ urlpatterns = [
     path(f"{M}/", models.model_detail, name="model-detail"),
     path(f"{M}/versions/", models.version_rows, name="version-rows"),
     path(f"{M}/versions/<int:number>/", versions.version_detail, name="version-detail"),
+    path(f"{M}/versions/<int:number>/status/", models.version_status, name="version-status"),
     path(f"{M}/versions/<int:number>/tensorrt/", versions.version_tensorrt,
          name="version-tensorrt"),
     path(f"{M}/diff/", models.model_diff, name="model-diff"),

@@ -74,6 +74,8 @@ def version_rows_context(request: HttpRequest, model) -> dict:
     return {
         "model": model, "versions": versions, "endpoint": endpoint,
         "numbers": [v.number for v in versions],
+        # an alias may only point at a ready version (registry.services.catalog.alias_set)
+        "ready_numbers": [v.number for v in versions if v.status == VersionStatus.READY],
         "pending": any(v.status in PENDING for v in versions),
         "can_write": has_role(request.user, "engineer"),
     }
@@ -102,6 +104,17 @@ def version_rows(request: HttpRequest, name: str) -> HttpResponse:
     context = version_rows_context(request, model)
     context["oob"] = True  # also refresh the version pickers (alias, compare)
     return render(request, "console/partials/version_rows.html", context)
+
+
+@require_GET
+@requires("viewer")
+def version_status(request: HttpRequest, name: str, number: int) -> HttpResponse:
+    """The upload form's status line for one version: htmx polls it until the version is ready
+    or failed, then it says which (with the failure reason) and stops."""
+    version = found(selectors.version_get, name, number)
+    return render(request, "console/partials/upload_status.html",
+                  {"model": version.model, "version": version,
+                   "pending": version.status in PENDING})
 
 
 def _tensor_rows(a: dict, b: dict, key: str) -> list[dict]:
