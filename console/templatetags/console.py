@@ -171,3 +171,19 @@ def duration(seconds) -> str:
         return f"{minutes} min {secs:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min"
+
+
+@register.filter
+def audit_sentence(event) -> str:
+    """One audit event as a sentence (console/audit_text.py)."""
+    from ..audit_text import describe
+
+    return describe(event)
+
+
+@register.filter
+def audit_changes(event) -> list:
+    """Only the fields an audit event changed, each with its before and after."""
+    from ..audit_text import changes
+
+    return changes(event.before, event.after)

@@ -54,3 +54,26 @@ def test_alias_picker_offers_only_ready_versions(failed_version, page_client):
     assert 'value="1"' in picker and 'value="2"' in picker
     assert f'value="{failed_version}"' not in picker
     assert 'id="alias-version-help"' in html
+
+
+def test_audit_page_says_each_event_in_words_with_only_changed_fields(catalog, page_client):
+    system = Actor.system("test")
+    services.endpoint_deploy(model_name="fraud", version_number=1, actor=system)
+    services.endpoint_deploy(model_name="fraud", version_number=2, actor=system,
+                             reason="better recall")
+    services.model_update(name="fraud", description="new words", actor=system)
+    html = page_client("admin").get("/audit/?model=fraud").content.decode()
+    assert "deployed v2 of fraud (was v1), reason “better recall”" in html
+    assert "pointed alias prod of fraud at v1" in html
+    assert "<details><summary>" in html
+    row = html.split('data-action="model.update"', 1)[1].split("</tr>\n", 1)[0]
+    assert "<code>description</code>" in row and "new words" in row
+    assert "<code>tags</code>" not in row  # unchanged fields are left out
+    assert "…" not in html.split('id="audit-table"', 1)[1]  # nothing cut short
+
+
+def test_audit_filters_stay_in_the_url_and_the_form(catalog, page_client):
+    html = page_client("admin").get("/audit/?model=fraud&action=alias.").content.decode()
+    assert 'hx-push-url="true"' in html
+    assert 'id="id_model" name="model" value="fraud"' in html
+    assert "1 event" in html
