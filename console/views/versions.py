@@ -28,9 +28,12 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
     outputs = signature.get("outputs") or []
     base = request.build_absolute_uri("/")
     builds = (version.validation_report or {}).get("tensorrt") or {}
+    endpoint = selectors.endpoint_get(version.model)
     context = {
         "model": version.model, "version": version, "signature": signature,
-        "access": selectors.endpoint_access(selectors.endpoint_get(version.model)),
+        "access": selectors.endpoint_access(endpoint),
+        "roles": serving_roles(endpoint, version),
+        "aliases": sorted(a.name for a in version.aliases.all()),
         "inputs": inputs, "outputs": outputs,
         "report": version.validation_report or {},
         "engines": [{"precision": p, **builds.get(p, {})} for p in PRECISIONS],
@@ -44,6 +47,19 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
                                                    outputs),
     }
     return render(request, "console/version_detail.html", context)
+
+
+def serving_roles(endpoint, version) -> list[str]:
+    """What this version is to the model's endpoint: stable, candidate, blue/green, shadow."""
+    if endpoint is None:
+        return []
+    slots = (("stable", endpoint.stable_id), ("candidate", endpoint.candidate_id),
+             ("blue", endpoint.blue_id), ("green", endpoint.green_id),
+             ("shadow", endpoint.shadow_id))
+    roles = [name for name, pk in slots if pk == version.pk]
+    if endpoint.live_color in roles:
+        roles[roles.index(endpoint.live_color)] += " (live)"
+    return roles
 
 
 class TensorRTForm(forms.Form):

@@ -78,9 +78,10 @@ def cmd_upload(c: Client, a) -> int:
 
 
 def cmd_versions(c: Client, a) -> int:
+    print(f"{'#':>4}  {'STATUS':10} {'SHA256':12}  {'BYTES':>10}  ALIASES  FAILURE")
     for v in c.call("GET", f"models/{a.model}/versions/")["results"]:
         print(f"{v['number']:>4}  {v['status']:10} {v['sha256'][:12]}  {v['size_bytes']:>10}  "
-              f"{','.join(v['aliases'])}  {v['failure_reason'][:60]}")
+              f"{','.join(v['aliases']) or '-':7}  {v['failure_reason'][:60]}")
     return 0
 
 

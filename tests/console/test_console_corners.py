@@ -77,3 +77,79 @@ def test_audit_filters_stay_in_the_url_and_the_form(catalog, page_client):
     assert 'hx-push-url="true"' in html
     assert 'id="id_model" name="model" value="fraud"' in html
     assert "1 event" in html
+
+
+def test_every_aria_describedby_points_at_an_element_on_the_page(catalog, page_client):
+    import re
+
+    services.endpoint_deploy(model_name="fraud", version_number=1, actor=Actor.system("test"))
+    client = page_client("admin")
+    for url in ("/models/", "/models/new/", "/models/fraud/", "/models/fraud/versions/1/",
+                "/models/fraud/deployment/", "/tokens/", "/users/", "/audit/", "/jobs/",
+                "/webhooks/"):
+        r = client.get(url)
+        if r.status_code == 404 and url == "/webhooks/":
+            continue
+        html = r.content.decode()
+        ids = set(re.findall(r'\bid="([^"]+)"', html))
+        for refs in re.findall(r'aria-describedby="([^"]+)"', html):
+            for ref in refs.split():
+                assert ref in ids, f"{url}: aria-describedby={ref!r} has no element"
+
+
+def test_not_found_page_names_the_path_not_the_exception_class(page_client):
+    html = page_client("viewer").get("/no/such/page/").content.decode()
+    assert "Resolver404" not in html and "No page at <code>/no/such/page/</code>" in html
+
+
+def test_favicon_is_served_from_static_and_linked(page_client, client):
+    r = client.get("/favicon.ico")
+    assert r.status_code == 301 and r["Location"].endswith("favicon.svg")
+    html = page_client("viewer").get("/models/").content.decode()
+    assert 'rel="icon"' in html
+
+
+def test_a_refused_request_logs_one_warning_line_without_traceback(page_client, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="django.request"):
+        assert page_client("viewer").get("/audit/").status_code == 403
+    records = [r for r in caplog.records if r.name == "django.request"]
+    assert records  # the logger's own filter (settings.LOGGING) has already run
+    for record in records:
+        assert record.levelname == "WARNING" and record.exc_info is None
+        assert "Forbidden" in record.getMessage() and "admin role" in record.getMessage()
+
+
+def test_job_rates_read_with_separators_and_sensible_precision():
+    from console.templatetags.console import rate
+
+    assert rate(698539.6) == "698,540" and rate(12.34) == "12.3" and rate(0.456) == "0.46"
+
+
+def test_cli_versions_prints_a_header(capsys):
+    from registry.cli.main import cmd_versions
+
+    class Fake:
+        def call(self, method, path):
+            return {"results": [{"number": 1, "status": "ready", "sha256": "a" * 64,
+                                 "size_bytes": 10, "aliases": [], "failure_reason": ""}]}
+
+    class Args:
+        model = "m"
+
+    cmd_versions(Fake(), Args())
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "STATUS" in first and "SHA256" in first
+
+
+def test_version_page_says_whether_it_is_stable_and_which_aliases_point_at_it(
+        catalog, page_client):
+    services.endpoint_deploy(model_name="fraud", version_number=1, actor=Actor.system("test"))
+    client = page_client("viewer")
+    one = client.get("/models/fraud/versions/1/").content.decode()
+    role = one.split('id="version-role"', 1)[1].split("</p>", 1)[0]
+    assert "stable" in role and "@prod" in role
+    two = client.get("/models/fraud/versions/2/").content.decode()
+    role = two.split('id="version-role"', 1)[1].split("</p>", 1)[0]
+    assert "Not serving" in role and "none point at it" in role
