@@ -22,6 +22,14 @@ class ModelCreateForm(forms.Form):
         return [t.strip() for t in self.cleaned_data["tags"].split(",") if t.strip()]
 
 
+class ModelEditForm(ModelCreateForm):
+    """Description and tags of an existing model (its name is its identity: not editable)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        del self.fields["name"]
+
+
 class AliasSetForm(forms.Form):
     alias = forms.CharField(max_length=64, label="Alias")
     version = forms.IntegerField(min_value=1, label="Version")

@@ -16,7 +16,15 @@ from registry.filtersets import ModelFilterSet
 from registry.models import VersionStatus
 from registry.roles import has_role
 
-from ..forms import AliasSetForm, DeployForm, DiffForm, ModelCreateForm, error_text
+from ..forms import (
+    AliasSetForm,
+    DeployForm,
+    DiffForm,
+    ModelCreateForm,
+    ModelEditForm,
+    ReasonForm,
+    error_text,
+)
 from . import render_page_or_partial
 from .access import requires, run_service
 
@@ -64,8 +72,44 @@ def model_create(request: HttpRequest) -> HttpResponse:
                             tags=form.cleaned_data["tags"])
         if model is not None:
             return redirect("console:model-detail", name=model.name)
-    return render(request, "console/model_form.html", {"form": form},
+    return render(request, "console/model_form.html",
+                  {"form": form, "title": "New model", "submit": "Create model",
+                   "action": reverse("console:model-create"),
+                   "cancel": reverse("console:model-list")},
                   status=400 if request.method == "POST" else 200)
+
+
+@requires("engineer", write="engineer")
+def model_edit(request: HttpRequest, name: str) -> HttpResponse:
+    """Description and tags: the same service as PATCH /api/v1/models/{name}/."""
+    model = found(selectors.model_get, name)
+    initial = {"description": model.description, "tags": ", ".join(model.tags)}
+    form = ModelEditForm(request.POST or None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        if run_service(request, services.model_update, name=name, success="Model saved.",
+                       description=form.cleaned_data["description"],
+                       tags=form.cleaned_data["tags"]) is not None:
+            return redirect("console:model-detail", name=name)
+    return render(request, "console/model_form.html",
+                  {"form": form, "title": f"Edit {name}", "submit": "Save",
+                   "action": reverse("console:model-edit", kwargs={"name": name}),
+                   "cancel": reverse("console:model-detail", kwargs={"name": name})},
+                  status=400 if request.method == "POST" else 200)
+
+
+@require_POST
+@requires(write="engineer")
+def model_archive(request: HttpRequest, name: str, archived: bool) -> HttpResponse:
+    """Archive (hide, refuse uploads; versions kept) or unarchive: the API's archive service."""
+    form = ReasonForm(request.POST)
+    if form.is_valid():
+        run_service(request, services.model_archive, name=name, archived=archived,
+                    reason=form.cleaned_data["reason"],
+                    success="Model archived: it is hidden and takes no uploads; its versions "
+                            "are kept." if archived else "Model unarchived.")
+    else:
+        messages.error(request, error_text(form))
+    return redirect("console:model-detail", name=name)
 
 
 def version_rows_context(request: HttpRequest, model) -> dict:

@@ -153,3 +153,45 @@ def test_version_page_says_whether_it_is_stable_and_which_aliases_point_at_it(
     two = client.get("/models/fraud/versions/2/").content.decode()
     role = two.split('id="version-role"', 1)[1].split("</p>", 1)[0]
     assert "Not serving" in role and "none point at it" in role
+
+
+def test_engineer_edits_description_and_tags_then_archives_and_unarchives(catalog, page_client):
+    client = page_client("engineer")
+    page = client.get("/models/fraud/edit/").content.decode()
+    assert "card fraud scorer" in page and "team:risk" in page
+    r = client.post("/models/fraud/edit/", {"description": "scores card fraud",
+                                            "tags": "team:risk, gbm"})
+    assert r.status_code == 302
+    from registry.models import RegisteredModel
+
+    model = RegisteredModel.objects.get(name="fraud")
+    assert model.description == "scores card fraud" and model.tags == ["gbm", "team:risk"]
+    assert client.post("/models/fraud/edit/", {"tags": "bad tag!"}).status_code == 400
+    client.post("/models/fraud/archive/", {"reason": "replaced"})
+    assert RegisteredModel.objects.get(name="fraud").archived
+    html = client.get("/models/fraud/").content.decode()
+    assert "Unarchive" in html and "Model archived" in html
+    client.post("/models/fraud/unarchive/")
+    assert not RegisteredModel.objects.get(name="fraud").archived
+    assert page_client("viewer").post("/models/fraud/archive/").status_code == 403
+
+
+def test_serving_settings_form_saves_changes_and_says_the_effect(catalog, page_client):
+    client = page_client("engineer")
+    html = client.get("/models/fraud/versions/1/").content.decode()
+    assert 'id="serving-instance_count"' in html and 'max="16"' in html
+    data = {"max_batch_size": 8, "max_queue_delay_us": 500, "max_queue_size": 256,
+            "instance_count": 2, "intra_op_threads": 0, "max_output_bytes": 0,
+            "preferred_batch_sizes": "4, 8", "graph_optimization_level": "all"}
+    from registry.models import ModelVersion
+
+    version = ModelVersion.objects.get(model__name="fraud", number=1)
+    data["graph_optimization_level"] = version.graph_optimization_level
+    r = client.post("/models/fraud/versions/1/serving/", data, follow=True)
+    page = r.content.decode()
+    assert "Serving settings saved" in page and "Instances 1 → 2" in page
+    version.refresh_from_db()
+    assert version.instance_count == 2 and version.preferred_batch_sizes == [4, 8]
+    bad = client.post("/models/fraud/versions/1/serving/", {**data, "instance_count": 99})
+    assert bad.status_code == 400 and "less than or equal to 16" in bad.content.decode()
+    assert page_client("viewer").post("/models/fraud/versions/1/serving/", data).status_code == 403
