@@ -172,6 +172,23 @@ def error_text(form: forms.Form) -> str:
                      for field, errs in form.errors.items())
 
 
+class WebhookForm(forms.Form):
+    """A webhook subscription; the service checks the URL (public or allow-listed)."""
+
+    name = forms.CharField(required=False, max_length=100, label="Name")
+    url = forms.URLField(max_length=500, label="URL", assume_scheme="https",
+                         help_text="Each event is POSTed here as JSON, signed with the secret.")
+    model = forms.CharField(required=False, max_length=100, label="Model",
+                            help_text="Only this model's events; empty = every model.")
+    events = forms.MultipleChoiceField(required=False, label="Events",
+                                       widget=forms.CheckboxSelectMultiple,
+                                       help_text="None ticked = every event.")
+
+    def __init__(self, *args, events: Iterable[str] = (), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["events"].choices = [(e, e) for e in events if e != "ping"]
+
+
 # -- access: API tokens, users, predict keys --------------------------------------------------
 
 

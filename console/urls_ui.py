@@ -5,7 +5,18 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
-from .views import audit, deployment, health, jobs, keys, models, tokens, users, versions
+from .views import (
+    audit,
+    deployment,
+    health,
+    jobs,
+    keys,
+    models,
+    tokens,
+    users,
+    versions,
+    webhooks,
+)
 
 app_name = "console"
 M = "models/<str:name>"
@@ -49,6 +60,14 @@ urlpatterns = [
     path("users/<str:username>/reactivate/", users.user_active, {"active": True},
          name="user-reactivate"),
     path("users/<str:username>/password/", users.user_password, name="user-password"),
+    path("webhooks/", webhooks.webhook_page, name="webhooks"),
+    path("webhooks/<int:pk>/", webhooks.webhook_detail, name="webhook-detail"),
+    path("webhooks/<int:pk>/enable/", webhooks.webhook_active, {"active": True},
+         name="webhook-enable"),
+    path("webhooks/<int:pk>/disable/", webhooks.webhook_active, {"active": False},
+         name="webhook-disable"),
+    path("webhooks/<int:pk>/test/", webhooks.webhook_test, name="webhook-test"),
+    path("webhooks/<int:pk>/delete/", webhooks.webhook_delete, name="webhook-delete"),
     path("health/", health.health_partial, name="health"),
     path("audit/", audit.audit_list, name="audit-list"),
     path("audit/export.csv", audit.audit_csv, name="audit-csv"),

@@ -195,3 +195,29 @@ def test_serving_settings_form_saves_changes_and_says_the_effect(catalog, page_c
     bad = client.post("/models/fraud/versions/1/serving/", {**data, "instance_count": 99})
     assert bad.status_code == 400 and "less than or equal to 16" in bad.content.decode()
     assert page_client("viewer").post("/models/fraud/versions/1/serving/", data).status_code == 403
+
+
+def test_admin_creates_a_webhook_sees_the_secret_once_disables_and_reads_its_log(
+        catalog, page_client):
+    from registry.models import WebhookSubscription
+
+    client = page_client("admin")
+    page = client.get("/webhooks/").content.decode()
+    assert "version.ready" in page and "Add webhook" in page
+    r = client.post("/webhooks/", {"name": "ci", "url": "http://127.0.0.1:9/hook",
+                                   "model": "fraud", "events": ["version.ready"]})
+    sub = WebhookSubscription.objects.get()
+    html = r.content.decode()
+    assert r.status_code == 200 and sub.secret in html and r["Cache-Control"] == "no-store"
+    assert sub.events == ["version.ready"] and sub.model.name == "fraud"
+    assert sub.secret not in client.get("/webhooks/").content.decode()  # once
+    client.post(f"/webhooks/{sub.pk}/disable/")
+    sub.refresh_from_db()
+    assert not sub.active
+    client.post(f"/webhooks/{sub.pk}/enable/")
+    sub.refresh_from_db()
+    assert sub.active
+    bad = client.post("/webhooks/", {"url": "http://10.1.2.3/x"})
+    assert bad.status_code == 400
+    assert page_client("engineer").get("/webhooks/").status_code == 403
+    assert client.get(f"/webhooks/{sub.pk}/").status_code == 200
