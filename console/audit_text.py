@@ -57,6 +57,11 @@ def _show(value) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+def _brief(text: str, limit: int = 120) -> str:
+    """A sentence keeps a long reason short; the full text is in the changed fields."""
+    return text if len(text) <= limit else text[:limit].rstrip() + " (see the change)"
+
+
 def changes(before: dict | None, after: dict | None) -> list[Change]:
     """The fields whose value differs between before and after (a field only on one side counts);
     fields that did not change are left out."""
@@ -111,7 +116,8 @@ def describe(event) -> str:
     elif action == "version.ready":
         text = f"v{number} of {model} passed validation and is ready"
     elif action == "version.failed":
-        text = f"v{number} of {model} failed validation: {after.get('reason') or 'no reason'}"
+        text = (f"v{number} of {model} failed validation: "
+                f"{_brief(after.get('reason') or 'no reason')}")
     elif action == "version.configure":
         text = f"{actor} changed the serving settings of v{number} of {model}"
     elif action.startswith("version.tensorrt."):
@@ -129,9 +135,13 @@ def describe(event) -> str:
     elif action.startswith("job."):
         status = action.split(".", 1)[1]
         rows = after.get("rows")
-        text = (f"{after.get('kind', '')} job {event.target[:8]} on {_v(after.get('version'))} "
-                f"of {model} {status}" + (f" after {rows:,} rows" if rows else "")
-                + (f": {after['reason']}" if after.get("reason") else ""))
+        of = f" of {event.model_name}" if event.model_name else ""
+        text = (f"{after.get('kind', '')} job {event.target[:8]} on {_v(after.get('version'))}"
+                f"{of} {status}" + (f" after {rows:,} rows" if rows else "")
+                + (f": {_brief(after['reason'])}" if after.get("reason") else ""))
+    elif action == "webhook.update" and set(after) >= {"active"} and \
+            before.get("active") != after.get("active"):
+        text = f"{actor} {'enabled' if after['active'] else 'disabled'} webhook {event.target}"
     elif action in SIMPLE:
         text = f"{actor} " + SIMPLE[action].format(target=event.target, model=model,
                                                    short=event.target[:8])
