@@ -7,6 +7,7 @@ from django.views.generic import RedirectView
 
 from .views import (
     audit,
+    batch,
     deployment,
     health,
     jobs,
@@ -28,6 +29,7 @@ urlpatterns = [
     path("models/new/", models.model_create, name="model-create"),
     path(f"{M}/", models.model_detail, name="model-detail"),
     path(f"{M}/edit/", models.model_edit, name="model-edit"),
+    path(f"{M}/batch/", batch.batch_start, name="batch-start"),
     path(f"{M}/archive/", models.model_archive, {"archived": True}, name="model-archive"),
     path(f"{M}/unarchive/", models.model_archive, {"archived": False}, name="model-unarchive"),
     path(f"{M}/versions/", models.version_rows, name="version-rows"),

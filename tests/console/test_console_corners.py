@@ -221,3 +221,29 @@ def test_admin_creates_a_webhook_sees_the_secret_once_disables_and_reads_its_log
     assert bad.status_code == 400
     assert page_client("engineer").get("/webhooks/").status_code == 403
     assert client.get(f"/webhooks/{sub.pk}/").status_code == 200
+
+
+def test_engineer_starts_a_batch_transform_from_the_console_by_uploading_a_dataset(
+        catalog, page_client):
+    import io
+
+    import numpy as np
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from registry.models import Job
+
+    client = page_client("engineer")
+    page = client.get("/models/fraud/batch/").content.decode()
+    assert "Start batch transform" in page and 'value="2"' in page
+    buffer = io.BytesIO()
+    np.save(buffer, np.zeros((50, 64), dtype=np.float32))
+    r = client.post("/models/fraud/batch/", {
+        "version": 1, "output_format": "",
+        "file": SimpleUploadedFile("rows.npy", buffer.getvalue())})
+    job = Job.objects.get()
+    assert r.status_code == 302 and r["Location"] == f"/jobs/{job.pk}/"
+    assert job.version.number == 1 and job.rows_total == 50
+    again = client.post("/models/fraud/batch/", {"version": 2, "dataset": str(job.dataset_id)})
+    assert again.status_code == 302 and Job.objects.count() == 2
+    assert client.post("/models/fraud/batch/", {"version": 1}).status_code == 400
+    assert page_client("viewer").get("/models/fraud/batch/").status_code == 403
