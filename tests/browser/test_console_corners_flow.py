@@ -165,3 +165,28 @@ def _job_events() -> None:
             after={"kind": "batch", "version": 3, "status": status, "rows": 698539,
                    "attempts": 1, "reason": "x" * 300 if status == "failed" else "",
                    "output": "s3://bucket/" + "very-long-path/" * 12})
+
+
+def test_a_ten_percent_canary_label_is_readable_under_the_bar(live_server, users, ready_model,
+                                                              wide):
+    from registry import services
+    from registry.audit import Actor
+
+    ready_model("fraud", samples.mlp(seed=1))
+    ready_model("fraud", samples.mlp(seed=2))
+    system = Actor.system("t")
+    services.endpoint_deploy(model_name="fraud", version_number=1, actor=system)
+    services.canary_start(model_name="fraud", version_number=2, weight=10, actor=system)
+    base, page = live_server.url, wide
+    login(page, base, "engineer")
+    page.goto(f"{base}/models/fraud/deployment/")
+    label = page.locator(".split-label-out")
+    assert label.inner_text() == "v2 candidate · 10 %"
+    box, bar = label.bounding_box(), page.locator(".split").bounding_box()
+    assert box["y"] >= bar["y"] + bar["height"] - 6  # under the bar, not inside it
+    text_width = page.evaluate("() => { const r = document.createRange(); "
+                               "r.selectNodeContents(document.querySelector('.split-label-out'));"
+                               " return r.getBoundingClientRect().right; }")
+    assert text_width <= bar["x"] + bar["width"] + 1  # not cut at the page's or bar's edge
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#split").screenshot(path=str(SHOTS / "traffic-10pct.png"))

@@ -247,3 +247,36 @@ def test_engineer_starts_a_batch_transform_from_the_console_by_uploading_a_datas
     assert again.status_code == 302 and Job.objects.count() == 2
     assert client.post("/models/fraud/batch/", {"version": 1}).status_code == 400
     assert page_client("viewer").get("/models/fraud/batch/").status_code == 403
+
+
+@pytest.fixture
+def canary(ready_model):
+    """"scorer": v1 stable, v2 a canary at 10 %."""
+    from registry import samples
+
+    ready_model("scorer", samples.mlp(seed=1))
+    ready_model("scorer", samples.mlp(seed=2))
+    system = Actor.system("test")
+    services.endpoint_deploy(model_name="scorer", version_number=1, actor=system)
+    services.canary_start(model_name="scorer", version_number=2, weight=10, actor=system)
+    return "scorer"
+
+
+def test_a_narrow_traffic_segment_has_its_label_under_the_bar_and_one_revision_counter(
+        canary, page_client):
+    html = page_client("viewer").get("/models/scorer/deployment/").content.decode()
+    bar = html.split('class="split"', 1)[1].split("</div>", 1)[0]
+    assert "v1 stable · 90 %" in bar and "v2 candidate" not in bar  # never clipped inside
+    under = html.split('class="split-labels"', 1)[1].split("</div>", 1)[0]
+    assert "v2 candidate · 10 %" in under
+    assert "endpoint revision" not in html
+    assert "replica applied it" in html or "replicas applied it" in html
+
+
+def test_after_an_automated_promote_the_redrawn_controls_hide_the_plan_and_old_banners(
+        canary, page_client):
+    services.canary_promote(model_name="scorer", actor=Actor.system("canary-analysis"))
+    html = page_client("engineer").get("/models/scorer/deployment/live/?rev=1").content.decode()
+    assert 'id="controls" aria-labelledby="controls-h" hx-swap-oob="true"' in html
+    assert 'id="canary-plan" hidden' in html
+    assert '<ul class="messages" id="messages" role="status" hx-swap-oob="true"></ul>' in html
