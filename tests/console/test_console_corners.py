@@ -30,6 +30,8 @@ def test_upload_status_line_polls_while_validating_then_says_ready(catalog, page
     ModelVersion.objects.filter(model__name="fraud", number=2).update(status="validating")
     html = client.get("/models/fraud/versions/2/status/").content.decode()
     assert "validating…" in html and 'hx-trigger="every 1s"' in html
+    # back to what it was: nothing is really validating (the teardown waits for those)
+    ModelVersion.objects.filter(model__name="fraud", number=2).update(status="ready")
 
 
 def test_upload_status_line_says_failed_with_the_reason(failed_version, page_client):
