@@ -22,6 +22,14 @@ class ModelCreateForm(forms.Form):
         return [t.strip() for t in self.cleaned_data["tags"].split(",") if t.strip()]
 
 
+class ModelEditForm(ModelCreateForm):
+    """Description and tags of an existing model (its name is its identity: not editable)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        del self.fields["name"]
+
+
 class AliasSetForm(forms.Form):
     alias = forms.CharField(max_length=64, label="Alias")
     version = forms.IntegerField(min_value=1, label="Version")
@@ -175,6 +183,23 @@ def error_text(form: forms.Form) -> str:
     """All of a form's errors on one line, for a message."""
     return "; ".join(f"{'' if field == '__all__' else field + ': '}{' '.join(errs)}"
                      for field, errs in form.errors.items())
+
+
+class WebhookForm(forms.Form):
+    """A webhook subscription; the service checks the URL (public or allow-listed)."""
+
+    name = forms.CharField(required=False, max_length=100, label="Name")
+    url = forms.URLField(max_length=500, label="URL", assume_scheme="https",
+                         help_text="Each event is POSTed here as JSON, signed with the secret.")
+    model = forms.CharField(required=False, max_length=100, label="Model",
+                            help_text="Only this model's events; empty = every model.")
+    events = forms.MultipleChoiceField(required=False, label="Events",
+                                       widget=forms.CheckboxSelectMultiple,
+                                       help_text="None ticked = every event.")
+
+    def __init__(self, *args, events: Iterable[str] = (), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["events"].choices = [(e, e) for e in events if e != "ping"]
 
 
 # -- access: API tokens, users, predict keys --------------------------------------------------

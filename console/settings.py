@@ -342,9 +342,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "filters": {"database_down": {"()": "registry.logfilters.DatabaseDownLogFilter"}},
+    "filters": {"database_down": {"()": "registry.logfilters.DatabaseDownLogFilter"},
+                "forbidden": {"()": "registry.logfilters.ForbiddenLogFilter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {"django.server": {"level": "WARNING"},
-                "django.request": {"filters": ["database_down"]}},
+                "django.request": {"filters": ["database_down", "forbidden"]}},
 }

@@ -3,7 +3,9 @@ from urllib.parse import urlsplit
 from csp.constants import UNSAFE_INLINE
 from csp.decorators import csp_update
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
@@ -23,6 +25,8 @@ def swagger_csp(view):
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
+    # browsers ask for /favicon.ico whatever the page links: send them to our own icon
+    path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
     path("api/v1/", include("registry.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", swagger_csp(SpectacularSwaggerSplitView.as_view(url_name="schema")),

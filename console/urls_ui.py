@@ -5,7 +5,19 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
-from .views import audit, deployment, health, jobs, keys, models, tokens, users, versions
+from .views import (
+    audit,
+    batch,
+    deployment,
+    health,
+    jobs,
+    keys,
+    models,
+    tokens,
+    users,
+    versions,
+    webhooks,
+)
 
 app_name = "console"
 M = "models/<str:name>"
@@ -16,8 +28,15 @@ urlpatterns = [
     path("models/", models.model_list, name="model-list"),
     path("models/new/", models.model_create, name="model-create"),
     path(f"{M}/", models.model_detail, name="model-detail"),
+    path(f"{M}/edit/", models.model_edit, name="model-edit"),
+    path(f"{M}/batch/", batch.batch_start, name="batch-start"),
+    path(f"{M}/archive/", models.model_archive, {"archived": True}, name="model-archive"),
+    path(f"{M}/unarchive/", models.model_archive, {"archived": False}, name="model-unarchive"),
     path(f"{M}/versions/", models.version_rows, name="version-rows"),
     path(f"{M}/versions/<int:number>/", versions.version_detail, name="version-detail"),
+    path(f"{M}/versions/<int:number>/serving/", versions.version_serving,
+         name="version-serving"),
+    path(f"{M}/versions/<int:number>/status/", models.version_status, name="version-status"),
     path(f"{M}/versions/<int:number>/tensorrt/", versions.version_tensorrt,
          name="version-tensorrt"),
     path(f"{M}/versions/<int:number>/approval/", versions.version_decide,
@@ -48,6 +67,14 @@ urlpatterns = [
     path("users/<str:username>/reactivate/", users.user_active, {"active": True},
          name="user-reactivate"),
     path("users/<str:username>/password/", users.user_password, name="user-password"),
+    path("webhooks/", webhooks.webhook_page, name="webhooks"),
+    path("webhooks/<int:pk>/", webhooks.webhook_detail, name="webhook-detail"),
+    path("webhooks/<int:pk>/enable/", webhooks.webhook_active, {"active": True},
+         name="webhook-enable"),
+    path("webhooks/<int:pk>/disable/", webhooks.webhook_active, {"active": False},
+         name="webhook-disable"),
+    path("webhooks/<int:pk>/test/", webhooks.webhook_test, name="webhook-test"),
+    path("webhooks/<int:pk>/delete/", webhooks.webhook_delete, name="webhook-delete"),
     path("health/", health.health_partial, name="health"),
     path("audit/", audit.audit_list, name="audit-list"),
     path("audit/export.csv", audit.audit_csv, name="audit-csv"),

@@ -200,3 +200,32 @@ def signed_metric(value) -> str:
     if value is None:
         return "—"
     return ("+" if value > 0 else "−" if value < 0 else "±") + metric(abs(value))
+
+
+@register.filter
+def audit_sentence(event) -> str:
+    """One audit event as a sentence (console/audit_text.py)."""
+    from ..audit_text import describe
+
+    return describe(event)
+
+
+@register.filter
+def audit_changes(event) -> list:
+    """Only the fields an audit event changed, each with its before and after."""
+    from ..audit_text import changes
+
+    return changes(event.before, event.after)
+
+
+@register.filter
+def rate(value) -> str:
+    """A rate a person reads: thousands separators, decimals only where they matter
+    (698539.6 -> "698,540"; 12.34 -> "12.3"; 0.456 -> "0.46")."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return "—"
+    if abs(number) >= 100:
+        return f"{number:,.0f}"
+    return f"{number:,.1f}" if abs(number) >= 10 else f"{number:,.2f}"

@@ -38,6 +38,7 @@ from .access import requires, run_service
 from .models import found
 
 CHART_SECONDS = 300
+NARROW = 25  # a traffic segment under this % is too narrow for its label: it goes under the bar
 DECISIONS_SHOWN = 12
 
 
@@ -183,8 +184,10 @@ def decisions(model_name: str) -> list[AuditEvent]:
 def live_context(request: HttpRequest, model, ep) -> dict:
     revision = current_revision()
     rows, summary = replica_rows(model.name, revision)
+    split = traffic_split(ep)
     return {"model": model, "endpoint": ep, "state": endpoint_state(ep) if ep else EMPTY,
-            "split": traffic_split(ep), "replica_rows": rows, "convergence": summary,
+            "split": split, "split_narrow": any(0 < s["weight"] < NARROW for s in split),
+            "replica_rows": rows, "convergence": summary,
             "analysis": analysis_context(ep), "decisions": decisions(model.name),
             "page_revision": request.GET.get("rev"),
             "endpoint_revision": ep.revision if ep else 0}

@@ -25,6 +25,8 @@ from ..forms import (
     DeployForm,
     DiffForm,
     ModelCreateForm,
+    ModelEditForm,
+    ReasonForm,
     error_text,
 )
 from ..templatetags.console import filesize
@@ -75,8 +77,44 @@ def model_create(request: HttpRequest) -> HttpResponse:
                             tags=form.cleaned_data["tags"])
         if model is not None:
             return redirect("console:model-detail", name=model.name)
-    return render(request, "console/model_form.html", {"form": form},
+    return render(request, "console/model_form.html",
+                  {"form": form, "title": "New model", "submit": "Create model",
+                   "action": reverse("console:model-create"),
+                   "cancel": reverse("console:model-list")},
                   status=400 if request.method == "POST" else 200)
+
+
+@requires("engineer", write="engineer")
+def model_edit(request: HttpRequest, name: str) -> HttpResponse:
+    """Description and tags: the same service as PATCH /api/v1/models/{name}/."""
+    model = found(selectors.model_get, name)
+    initial = {"description": model.description, "tags": ", ".join(model.tags)}
+    form = ModelEditForm(request.POST or None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        if run_service(request, services.model_update, name=name, success="Model saved.",
+                       description=form.cleaned_data["description"],
+                       tags=form.cleaned_data["tags"]) is not None:
+            return redirect("console:model-detail", name=name)
+    return render(request, "console/model_form.html",
+                  {"form": form, "title": f"Edit {name}", "submit": "Save",
+                   "action": reverse("console:model-edit", kwargs={"name": name}),
+                   "cancel": reverse("console:model-detail", kwargs={"name": name})},
+                  status=400 if request.method == "POST" else 200)
+
+
+@require_POST
+@requires(write="engineer")
+def model_archive(request: HttpRequest, name: str, archived: bool) -> HttpResponse:
+    """Archive (hide, refuse uploads; versions kept) or unarchive: the API's archive service."""
+    form = ReasonForm(request.POST)
+    if form.is_valid():
+        run_service(request, services.model_archive, name=name, archived=archived,
+                    reason=form.cleaned_data["reason"],
+                    success="Model archived: it is hidden and takes no uploads; its versions "
+                            "are kept." if archived else "Model unarchived.")
+    else:
+        messages.error(request, error_text(form))
+    return redirect("console:model-detail", name=name)
 
 
 def version_rows_context(request: HttpRequest, model) -> dict:
@@ -94,6 +132,8 @@ def version_rows_context(request: HttpRequest, model) -> dict:
     return {
         "model": model, "versions": versions, "endpoint": endpoint,
         "numbers": [v.number for v in everything],
+        # an alias may only point at a ready version (registry.services.catalog.alias_set)
+        "ready_numbers": [v.number for v in everything if v.status == VersionStatus.READY],
         "pending": any(v.status in PENDING for v in everything),
         "can_write": has_role(request.user, "engineer"),
         "filter": filterset, "filtered": bool(active) and filterset.is_valid(),
@@ -126,6 +166,17 @@ def version_rows(request: HttpRequest, name: str) -> HttpResponse:
     context = version_rows_context(request, model)
     context["oob"] = True  # also refresh the version pickers (alias, compare)
     return render(request, "console/partials/version_rows.html", context)
+
+
+@require_GET
+@requires("viewer")
+def version_status(request: HttpRequest, name: str, number: int) -> HttpResponse:
+    """The upload form's status line for one version: htmx polls it until the version is ready
+    or failed, then it says which (with the failure reason) and stops."""
+    version = found(selectors.version_get, name, number)
+    return render(request, "console/partials/upload_status.html",
+                  {"model": version.model, "version": version,
+                   "pending": version.status in PENDING})
 
 
 def _tensor_rows(a: dict, b: dict, key: str) -> list[dict]:

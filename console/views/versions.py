@@ -11,12 +11,14 @@ from django.views.decorators.http import require_GET, require_POST
 from registry import selectors, services
 from registry.integrations.tensorrt import BUILDING, PRECISIONS, QUEUED
 from registry.services import tensorrt as trt_services
+from registry.services import versions as version_services
 from registry.services.approvals import may_decide
 from registry.services.conversion import version_convert
 from registry.services.versions import SERVING_FIELDS
 
 from .. import tryit
 from ..forms import ApprovalForm, error_text
+from ..serving_form import LABELS, ServingForm
 from .access import requires, run_service
 from .models import found
 
@@ -24,15 +26,23 @@ from .models import found
 @require_GET
 @requires("viewer")
 def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse:
+    return render_version(request, name, number)
+
+
+def render_version(request: HttpRequest, name: str, number: int, *,
+                   serving_form: ServingForm | None = None, status: int = 200) -> HttpResponse:
     version = found(selectors.version_get, name, number)
     signature = version.signature or {}
     inputs = tryit.example_inputs(signature)
     outputs = signature.get("outputs") or []
     base = request.build_absolute_uri("/")
     builds = (version.validation_report or {}).get("tensorrt") or {}
+    endpoint = selectors.endpoint_get(version.model)
     context = {
         "model": version.model, "version": version, "signature": signature,
-        "access": selectors.endpoint_access(selectors.endpoint_get(version.model)),
+        "access": selectors.endpoint_access(endpoint),
+        "roles": serving_roles(endpoint, version),
+        "aliases": sorted(a.name for a in version.aliases.all()),
         "inputs": inputs, "outputs": outputs,
         "report": version.validation_report or {},
         "engines": [{"precision": p, **builds.get(p, {})} for p in PRECISIONS],
@@ -47,12 +57,53 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
         if version.status == "failed" else None,
         "converted_to": list(version.model.versions.filter(
             metadata__converted_from=number).values_list("number", flat=True)),
+        "serving_form": serving_form or ServingForm.for_version(version),
         "infer_url": f"/v2/models/{name}/versions/{number}/infer",
         "curl": tryit.curl_snippet(base, name, number, inputs),
         "tritonclient": tryit.tritonclient_snippet(request.get_host(), name, number, inputs,
                                                    outputs),
     }
-    return render(request, "console/version_detail.html", context)
+    return render(request, "console/version_detail.html", context, status=status)
+
+
+def _shown(value) -> str:
+    return ", ".join(map(str, value)) or "none" if isinstance(value, list) else str(value)
+
+
+@require_POST
+@requires("viewer", write="engineer")
+def version_serving(request: HttpRequest, name: str, number: int) -> HttpResponse:
+    """Change serving settings: the same service (and limits) as PATCH .../versions/{n}/."""
+    version = found(selectors.version_get, name, number)
+    form = ServingForm.for_version(version, request.POST)
+    if not form.is_valid():
+        messages.error(request, "Serving settings not saved: " + error_text(form))
+        return render_version(request, name, number, serving_form=form, status=400)
+    changes = form.changes(version)
+    if not changes:
+        messages.info(request, "Nothing changed.")
+    else:
+        said = "; ".join(f"{LABELS[k]} {_shown(getattr(version, k))} → {_shown(v)}"
+                         for k, v in changes.items())
+        if run_service(request, version_services.version_configure, model_name=name,
+                       number=number, **changes,
+                       success=f"Serving settings saved: {said}. Replicas serving v{number} "
+                               f"reload it with the new settings.") is None:
+            return render_version(request, name, number, serving_form=form, status=400)
+    return redirect(f"{request.path.rsplit('serving/', 1)[0]}#serving")
+
+
+def serving_roles(endpoint, version) -> list[str]:
+    """What this version is to the model's endpoint: stable, candidate, blue/green, shadow."""
+    if endpoint is None:
+        return []
+    slots = (("stable", endpoint.stable_id), ("candidate", endpoint.candidate_id),
+             ("blue", endpoint.blue_id), ("green", endpoint.green_id),
+             ("shadow", endpoint.shadow_id))
+    roles = [name for name, pk in slots if pk == version.pk]
+    if endpoint.live_color in roles:
+        roles[roles.index(endpoint.live_color)] += " (live)"
+    return roles
 
 
 class TensorRTForm(forms.Form):

@@ -123,10 +123,12 @@ def _convert(c: Client, model: str, version: dict, timeout: float) -> dict:
 
 def cmd_versions(c: Client, a) -> int:
     params = [("metric", m) for m in a.metric or ()] + [("metadata", m) for m in a.metadata or ()]
+    print(f"{'#':>4}  {'STATUS':10} {'SHA256':12}  {'BYTES':>10}  {'ALIASES':7}  METRICS  FAILURE")
     for v in c.call("GET", f"models/{a.model}/versions/", params=params)["results"]:
         metrics = " ".join(f"{k}={val:g}" for k, val in (v.get("metrics") or {}).items())
         print(f"{v['number']:>4}  {v['status']:10} {v['sha256'][:12]}  {v['size_bytes']:>10}  "
-              f"{','.join(v['aliases'])}  {metrics}  {v['failure_reason'][:60]}".rstrip())
+              f"{','.join(v['aliases']) or '-':7}  {metrics or '-'}  {v['failure_reason'][:60]}"
+              .rstrip())
     return 0
 
 

@@ -6,7 +6,7 @@ from django.db import IntegrityError, transaction
 
 from registry.audit import Actor, record
 from registry.errors import InvalidRequest, LifecycleError, NotFound
-from registry.models import SLUG, Alias, ModelVersion, RegisteredModel
+from registry.models import SLUG, Alias, ModelVersion, RegisteredModel, VersionStatus
 from registry.services.approvals import PRODUCTION_ALIAS, require_approved
 
 
@@ -108,6 +108,10 @@ def alias_set(*, model_name: str, alias: str, version_number: int, actor: Actor)
         except ModelVersion.DoesNotExist:
             raise NotFound(f"model {model_name!r} has no version {version_number}",
                            field="version") from None
+        if version.status != VersionStatus.READY:
+            why = f": {version.failure_reason}" if version.failure_reason else ""
+            raise LifecycleError(f"version {version_number} is {version.status}{why}; an alias "
+                                 f"can only point at a ready version", field="version")
         if alias == PRODUCTION_ALIAS:
             require_approved(model, version)
         existing = Alias.objects.filter(model=model, name=alias).first()

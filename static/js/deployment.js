@@ -18,8 +18,11 @@
   document.addEventListener("change", function (event) {
     if (event.target.id === "canary-automated") togglePlan();
   });
-  document.addEventListener("DOMContentLoaded", function () {
+  function init() {
     document.querySelectorAll("input[type=range][data-output]").forEach(sync);
     togglePlan();
-  });
+  }
+  // also after htmx redraws the controls (the endpoint changed under the page)
+  if (window.htmx) htmx.onLoad(init);
+  document.addEventListener("DOMContentLoaded", init);
 })();

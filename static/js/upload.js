@@ -13,8 +13,23 @@
   var button = document.getElementById("upload-button");
 
   function say(text, isError) {
+    // a fresh element: any earlier upload's htmx poll ends with the one it was polling from
+    var fresh = document.createElement("p");
+    fresh.id = "upload-result";
+    fresh.setAttribute("role", "status");
+    fresh.setAttribute("aria-live", "polite");
+    document.getElementById("upload-result").replaceWith(fresh);
+    result = fresh;
     result.textContent = text;
     result.className = isError ? "error" : "ok";
+  }
+
+  // The status line follows the version: htmx polls its partial until ready or failed.
+  function followStatus(number) {
+    var url = form.getAttribute("data-status-url").replace("/0/", "/" + number + "/");
+    if (window.htmx) {
+      htmx.ajax("GET", url, { target: "#upload-result", swap: "outerHTML" });
+    }
   }
 
   function refreshRows() {
@@ -82,6 +97,7 @@
           : (body.detail || "Already uploaded as version " + body.number + "."), false);
         form.reset();
         refreshRows();
+        if (body.number) followStatus(body.number);
       } else {
         percent.textContent = "failed";
         say("Upload failed (" + xhr.status + "): " + (body.detail || body.error || xhr.statusText), true);
