@@ -42,7 +42,8 @@ def test_upload_sends_metrics_and_lineage_and_versions_filters_by_metric(cli, en
     assert cli("upload", "fraud", str(second), "--metric", "auc=0.80") == 0
     capsys.readouterr()
     assert cli("versions", "fraud", "--metric", "auc>0.9") == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    header, *lines = capsys.readouterr().out.strip().splitlines()
+    assert "METRICS" in header
     assert len(lines) == 1 and lines[0].split()[0] == "1" and "auc=0.91" in lines[0]
 
 

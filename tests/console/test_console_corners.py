@@ -133,12 +133,13 @@ def test_cli_versions_prints_a_header(capsys):
     from registry.cli.main import cmd_versions
 
     class Fake:
-        def call(self, method, path):
+        def call(self, method, path, params=None):
             return {"results": [{"number": 1, "status": "ready", "sha256": "a" * 64,
                                  "size_bytes": 10, "aliases": [], "failure_reason": ""}]}
 
     class Args:
         model = "m"
+        metric = metadata = None
 
     cmd_versions(Fake(), Args())
     first = capsys.readouterr().out.splitlines()[0]
