@@ -5,6 +5,7 @@ version page; the audit page fits 1440 px. Screenshots go to /tmp/shots-console/
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -146,7 +147,7 @@ def test_webhook_test_button_delivers_to_a_real_receiver_and_audit_fits_1440(
     page.get_by_role("textbox", name="Action (prefix)").fill("webhook.")
     page.get_by_role("button", name="Filter").click()
     page.wait_for_url("**/audit/?*action=webhook.*")
-    assert "admin disabled webhook 1" in page.inner_text("#audit-table")
+    assert re.search(r"admin disabled webhook \d+", page.inner_text("#audit-table"))
     keep(shot, page, "audit-1440-filtered")
     page.reload()  # the filter lives in the URL
     assert page.input_value("#id_action") == "webhook."
