@@ -70,6 +70,15 @@ def version_upload(*, model_name: str, blob: StoredBlob, actor: Actor, filename:
     return version, True
 
 
+def _version_for_update(model_name: str, number: int) -> ModelVersion:
+    """The version, row-locked (its model too, so numbering and settings serialise)."""
+    model = lock_model(model_name, allow_archived=True)
+    try:
+        return model.versions.select_for_update().get(number=number)
+    except ModelVersion.DoesNotExist:
+        raise NotFound(f"model {model_name!r} has no version {number}", field="version") from None
+
+
 def version_configure(*, model_name: str, number: int, actor: Actor, **changes) -> ModelVersion:
     """Change serving settings of a version (batching, instances, threads); replicas reload it."""
     unknown = set(changes) - set(SERVING_FIELDS)
@@ -77,12 +86,7 @@ def version_configure(*, model_name: str, number: int, actor: Actor, **changes) 
         raise InvalidRequest(f"unknown setting(s): {', '.join(sorted(unknown))}",
                              field=sorted(unknown)[0])
     with transaction.atomic():
-        model = lock_model(model_name, allow_archived=True)
-        try:
-            version = model.versions.select_for_update().get(number=number)
-        except ModelVersion.DoesNotExist:
-            raise NotFound(f"model {model_name!r} has no version {number}",
-                           field="version") from None
+        version = _version_for_update(model_name, number)
         before = {k: getattr(version, k) for k in changes}
         for key, value in changes.items():
             if key in CONFIG_FIELDS:
@@ -121,12 +125,7 @@ def version_describe(*, model_name: str, number: int, actor: Actor, metrics: dic
     if lineage is not None and not isinstance(lineage, dict):
         clean_lineage(lineage)
     with transaction.atomic():
-        model = lock_model(model_name, allow_archived=True)
-        try:
-            version = model.versions.select_for_update().get(number=number)
-        except ModelVersion.DoesNotExist:
-            raise NotFound(f"model {model_name!r} has no version {number}",
-                           field="version") from None
+        version = _version_for_update(model_name, number)
         before, after = {}, {}
         if metrics is not None:
             before["metrics"] = version.metrics
