@@ -53,7 +53,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -253,7 +252,7 @@ def _download(c: faults.Cluster, body: dict):
 
 # -- data plane: replicas ------------------------------------------------------------------------
 
-INFER = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]}
+INFER = faults.INFER
 MODEL = "scorer"
 replicas_started: list[faults.Process] = []  # stopped before the cluster goes down
 
@@ -404,68 +403,12 @@ def replica_start(c: faults.Cluster, starts: int = 3) -> None:
         f"{n404} requests told the model is unknown")
 
 
-class Load:
-    """`threads` clients, each with its own keep-alive pool, posting infer in a loop; a refused
-    connect or a 503 with Retry-After is retried, anything else not 200 is a drop."""
-
-    def __init__(self, url: str, threads: int = 4) -> None:
-        self.url, self.stop = url, threading.Event()
-        self.lock = threading.Lock()
-        self.ok: list[float] = []
-        self.retried: Counter = Counter()
-        self.drops: Counter = Counter()
-        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
-
-    def __enter__(self) -> Load:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(15)
-
-    def oks_since(self, moment: float) -> int:
-        with self.lock:
-            return sum(1 for t in self.ok if t > moment)
-
-    def first_ok_after(self, moment: float) -> float | None:
-        with self.lock:
-            return next((t for t in self.ok if t > moment), None)
-
-    def _loop(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=10) as http:
-            while not self.stop.is_set():
-                try:
-                    r = http.post(f"/v2/models/{MODEL}/infer", json=INFER)
-                except httpx.ConnectError:
-                    self._count(self.retried, "ConnectError")
-                    time.sleep(0.005)
-                    continue
-                except httpx.HTTPError as exc:
-                    self._count(self.drops, type(exc).__name__)
-                    continue
-                if r.status_code == 200:
-                    with self.lock:
-                        self.ok.append(time.monotonic())
-                elif r.status_code == 503 and "retry-after" in r.headers:
-                    self._count(self.retried, "503 Retry-After")
-                    time.sleep(0.005)
-                else:
-                    self._count(self.drops, str(r.status_code))
-
-    def _count(self, counter: Counter, what: str) -> None:
-        with self.lock:
-            counter[what] += 1
-
-
 def replica_restarts(c: faults.Cluster, restarts: int = 10) -> None:
     deployed(c)
     replica, _ = two_replicas(c)
     port = replica.port
     exits, outages, note = [], [], ""
-    with Load(replica.url) as load:
+    with faults.Load(replica.url, model=MODEL) as load:
         since = time.monotonic()
         for i in range(restarts):
             if until(lambda s=since: load.oks_since(s) >= 20, 30) is None:
@@ -486,9 +429,9 @@ def replica_restarts(c: faults.Cluster, restarts: int = 10) -> None:
                 break
             outages.append(load.first_ok_after(since) - t0)
         time.sleep(1)
-    total = len(load.ok) + sum(load.drops.values())
-    drops = sum(load.drops.values())
-    kinds = ", ".join(f"{k} x{v}" for k, v in load.drops.most_common()) or "none"
+    total = len(load.ok) + len(load.drops)
+    drops = len(load.drops)
+    kinds = ", ".join(f"{k} x{v}" for k, v in load.drop_kinds().most_common()) or "none"
     retried = ", ".join(f"{k} x{v}" for k, v in load.retried.most_common()) or "nothing"
     row(f"{len(exits)} SIGTERM restarts of r1 under 4 keep-alive clients",
         f"{drops} dropped of {total} requests ({kinds})",

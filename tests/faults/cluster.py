@@ -10,7 +10,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -33,6 +35,10 @@ def missing() -> str:
 def _as_postgres(cmd: list[str]) -> list[str]:
     """initdb and postgres refuse to run as root: run them as the postgres user."""
     return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
+
+
+#: One MLP request (registry.samples.mlp: 64 inputs), as the load below posts it.
+INFER = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]}
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
@@ -280,3 +286,68 @@ class Cluster:
                                  timeout=timeout, **kw)
         except httpx.TransportError as exc:
             return httpx.Response(599, text=f"{exc.__class__.__name__}: {exc}")
+
+
+class Load:
+    """`threads` clients, each with its own keep-alive pool, posting `model`'s infer in a loop.
+    A refused connect (nothing sent) or a 503 with Retry-After is retried, not a drop; anything
+    else that is not a 200 (a reset, a 404, a 5xx without Retry-After) is a drop."""
+
+    def __init__(self, url: str, threads: int = 4, model: str = "scorer") -> None:
+        self.url, self.model = url, model
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.ok: list[float] = []  # when each 200 came back
+        self.retried: Counter = Counter()  # what a client may retry: not drops
+        self.drops: list[tuple[float, str]] = []
+        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(15)
+
+    def oks_since(self, moment: float) -> int:
+        with self.lock:
+            return sum(1 for t in self.ok if t > moment)
+
+    def first_ok_after(self, moment: float) -> float | None:
+        with self.lock:
+            return next((t for t in self.ok if t > moment), None)
+
+    def drop_kinds(self) -> Counter:
+        with self.lock:
+            return Counter(what.split(":")[0] for _, what in self.drops)
+
+    def _loop(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=10) as http:
+            while not self.stop.is_set():
+                try:
+                    r = http.post(f"/v2/models/{self.model}/infer", json=INFER)
+                except httpx.ConnectError:  # nothing was sent: retry
+                    self._note_retry("ConnectError")
+                    continue
+                except httpx.HTTPError as exc:  # sent, and lost
+                    self._drop(f"{type(exc).__name__}: {exc}")
+                    continue
+                if r.status_code == 200:
+                    with self.lock:
+                        self.ok.append(time.monotonic())
+                elif r.status_code == 503 and "retry-after" in r.headers:
+                    self._note_retry("503 with Retry-After")
+                else:
+                    self._drop(f"{r.status_code} {r.text[:200]}")
+
+    def _note_retry(self, what: str) -> None:
+        with self.lock:
+            self.retried[what] += 1
+        time.sleep(0.005)
+
+    def _drop(self, what: str) -> None:
+        with self.lock:
+            self.drops.append((time.monotonic(), what))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-import threading
 import time
 from collections import Counter
 
@@ -21,6 +20,8 @@ import pytest
 from serving.dataplane import DataPlane
 from serving.reconciler import Reconciler
 from serving.routes import DesiredState, ObservedState
+from tests.faults import cluster as faults
+from tests.faults.cluster import INFER
 
 pytestmark = pytest.mark.faults
 pytest.importorskip("uvloop", reason="mmc-serve runs on uvloop")
@@ -30,66 +31,10 @@ pytest.importorskip("httptools", reason="mmc-serve runs on httptools")
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the listener hand-over needs Linux socket filters")
 
-INFER = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]}
 SPEC_DRAIN_SECONDS = "0.5"  # short for ten restarts; one spec below runs the default
 
 
-class Load:
-    """`threads` clients, each with its own keep-alive pool, posting infer in a loop."""
-
-    def __init__(self, url: str, threads: int = 4) -> None:
-        self.url = url
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.ok: list[float] = []  # when each 200 came back
-        self.retried: Counter = Counter()  # what a client may retry: not drops
-        self.drops: list[tuple[float, str]] = []
-        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
-
-    def __enter__(self) -> Load:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(15)
-
-    def oks_since(self, moment: float) -> int:
-        with self.lock:
-            return sum(1 for t in self.ok if t > moment)
-
-    def _loop(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=10) as http:
-            while not self.stop.is_set():
-                try:
-                    r = http.post("/v2/models/scorer/infer", json=INFER)
-                except httpx.ConnectError:  # nothing was sent: retry
-                    self._note_retry("ConnectError")
-                    continue
-                except httpx.HTTPError as exc:  # sent, and lost
-                    self._drop(f"{type(exc).__name__}: {exc}")
-                    continue
-                if r.status_code == 200:
-                    with self.lock:
-                        self.ok.append(time.monotonic())
-                elif r.status_code == 503 and "retry-after" in r.headers:
-                    self._note_retry("503 with Retry-After")
-                else:
-                    self._drop(f"{r.status_code} {r.text[:200]}")
-
-    def _note_retry(self, what: str) -> None:
-        with self.lock:
-            self.retried[what] += 1
-        time.sleep(0.005)
-
-    def _drop(self, what: str) -> None:
-        with self.lock:
-            self.drops.append((time.monotonic(), what))
-
-
-def wait_oks(load: Load, since: float, n: int, replica, timeout: float = 20) -> None:
+def wait_oks(load: faults.Load, since: float, n: int, replica, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while load.oks_since(since) < n:
         if replica.proc.poll() is not None:
@@ -128,7 +73,7 @@ def test_ten_graceful_restarts_under_load_drop_no_request(deployed, tmp_path):
     replica.wait_live()
     cycles = []
     try:
-        with Load(replica.url) as load:
+        with faults.Load(replica.url) as load:
             since = time.monotonic()
             for i in range(1, 11):
                 wait_oks(load, since, 20, replica)
@@ -158,7 +103,7 @@ def test_default_drain_stops_saying_ready_at_once_and_keeps_answering(deployed, 
     replica = Replica("default", embedded=False, log_dir=tmp_path, MMC_DRAIN_SECONDS="")
     replica.wait_live()
     try:
-        with Load(replica.url) as load:
+        with faults.Load(replica.url) as load:
             wait_oks(load, 0, 20, replica)
             started = time.monotonic()
             replica.proc.send_signal(signal.SIGTERM)
@@ -190,7 +135,7 @@ def test_drain_ends_early_when_no_connection_is_open_and_a_second_signal_is_prom
         idle.wait_live()
         busy.wait_live()
         assert terminate(idle) < 2  # nothing open: no window to wait out
-        with Load(busy.url) as load:
+        with faults.Load(busy.url) as load:
             wait_oks(load, 0, 20, busy)
             started = time.monotonic()
             busy.proc.send_signal(signal.SIGTERM)
