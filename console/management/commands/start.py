@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import secrets
+import time
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from registry import samples, services
 from registry.audit import Actor
-from registry.models import RegisteredModel
+from registry.models import ModelVersion, RegisteredModel, VersionStatus
 from registry.store.artifacts import default_store
 from registry.tasks import recover_validations
 from registry.validation import validate_version
+
+VALIDATING = (VersionStatus.UPLOADED, VersionStatus.VALIDATING)
 
 
 class Command(BaseCommand):
@@ -67,7 +70,14 @@ class Command(BaseCommand):
             version, _ = services.version_upload(model_name="demo-mlp", blob=blob, actor=actor,
                                                  filename="demo-mlp.onnx",
                                                  metadata={"source": "registry.samples.mlp"})
-        validate_version(version.pk)  # before serving starts, so the demo is deployable now
+        # before serving starts, so the demo is deployable now: here, unless the worker its
+        # upload queued got to it first (then wait for that one)
+        validate_version(version.pk)
+        deadline = time.monotonic() + 300
+        while ModelVersion.objects.get(pk=version.pk).status in VALIDATING:
+            if time.monotonic() > deadline:
+                raise CommandError("the demo model did not finish validating in 300 s")
+            time.sleep(0.1)
         services.endpoint_deploy(model_name="demo-mlp", version_number=version.number,
                                  actor=actor, reason="demo")
         self.stdout.write("Registered and deployed demo model 'demo-mlp' version 1.")
