@@ -93,12 +93,12 @@ def loadtest_create(*, model_name: str, number: int, actor: Actor, concurrency: 
             f"v{number} takes real traffic ({', '.join(roles)} of {model_name}): a load test "
             f"would slow its users down; send confirm=true to run it anyway", field="confirm",
             details={"rule": "live-traffic", "roles": roles})
-    target = target_replica(version, replica)
     access = selectors.endpoint_access(selectors.endpoint_get(model))
     if access.protected and not key:
         raise InvalidRequest(f"{model_name}'s endpoint requires a predict key: pass one as "
                              f"`key` (it is used for this run only and never stored)",
                              field="key")
+    target = target_replica(version, replica)
     params = {"requests": requests, "seconds": seconds, "concurrency": concurrency,
               "replica": target.replica, "url": target.address, "confirmed": bool(roles),
               "key_required": bool(key)}
