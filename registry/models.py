@@ -344,7 +344,7 @@ class Dataset(models.Model):
 class JobKind(models.TextChoices):
     ASYNC = "async"
     BATCH = "batch"
-    LOADTEST = "loadtest"
+    LOADTEST = "loadtest", "Load test"
 
 
 class JobStatus(models.TextChoices):
