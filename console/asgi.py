@@ -22,7 +22,7 @@ def _build_serving():
     from registry.serving_source import RegistrySource
     from serving.app import create_app
 
-    return create_app(RegistrySource(address="embedded"),
+    return create_app(RegistrySource(address=os.environ.get("MMC_REPLICA_ADDRESS", "embedded")),
                       replica=os.environ.get("MMC_REPLICA", "embedded"))
 
 

@@ -230,3 +230,25 @@ class RoleForm(forms.Form):
 class PredictKeyForm(forms.Form):
     name = forms.CharField(max_length=64, label="Key name",
                            help_text="who uses it, e.g. checkout-service")
+
+
+class LoadTestForm(forms.Form):
+    """A load test of the version page's version; the service checks bounds and the rules."""
+
+    requests = forms.IntegerField(required=False, min_value=1, initial=1000, label="Requests",
+                                  help_text="or leave empty and give seconds")
+    seconds = forms.IntegerField(required=False, min_value=1, label="Seconds")
+    concurrency = forms.IntegerField(min_value=1, initial=4, label="Concurrency")
+    replica = forms.ChoiceField(required=False, label="Replica", choices=[])
+    confirm = forms.BooleanField(required=False, label="It takes real traffic: run anyway")
+    key = forms.CharField(required=False, label="Predict key", strip=True,
+                          widget=forms.PasswordInput(attrs={"autocomplete": "off"}),
+                          help_text="used for this run only, never stored")
+
+    def __init__(self, *args, replicas: list[str] = (), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["replica"].choices = [("", "default (embedded / first live)"),
+                                          *((r, r) for r in replicas)]
+
+    def service_kwargs(self) -> dict:
+        return dict(self.cleaned_data)

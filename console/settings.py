@@ -311,6 +311,11 @@ DATASET_TTL = env.int("MMC_DATASET_TTL", default=7 * 24 * 3600)
 JOB_LEASE_SECONDS = env.float("MMC_JOB_LEASE_SECONDS", default=10.0)
 JOB_MAX_ATTEMPTS = env.int("MMC_JOB_MAX_ATTEMPTS", default=5)
 JOB_CHUNK_ROWS = env.int("MMC_JOB_CHUNK_ROWS", default=10_000)
+# Load tests of a version (registry.jobs.loadtest): at most this long, this many requests in
+# flight, this many requests; a request beyond is refused (400).
+LOADTEST_MAX_SECONDS = env.int("MMC_LOADTEST_MAX_SECONDS", default=60)
+LOADTEST_MAX_CONCURRENCY = env.int("MMC_LOADTEST_MAX_CONCURRENCY", default=32)
+LOADTEST_MAX_REQUESTS = 100_000
 JOB_TICK_SECONDS = env.float("MMC_JOB_TICK_SECONDS", default=30.0)
 # Re-queues validations and jobs whose lease lapsed: a killed worker's work resumes within a
 # lease plus this (10 + 5 s by default).

@@ -42,6 +42,8 @@ urlpatterns = [
     path(f"{M}/versions/<int:number>/approval/", versions.version_decide,
          name="version-decide"),
     path(f"{M}/approval/", models.approval_setting, name="approval-setting"),
+    path(f"{M}/versions/<int:number>/loadtest/", versions.version_loadtest,
+         name="version-loadtest"),
     path(f"{M}/versions/<int:number>/convert/", versions.version_convert_view,
          name="version-convert"),
     path(f"{M}/diff/", models.model_diff, name="model-diff"),

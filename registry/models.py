@@ -344,6 +344,7 @@ class Dataset(models.Model):
 class JobKind(models.TextChoices):
     ASYNC = "async"
     BATCH = "batch"
+    LOADTEST = "loadtest", "Load test"
 
 
 class JobStatus(models.TextChoices):
@@ -355,9 +356,9 @@ class JobStatus(models.TextChoices):
 
 
 class Job(models.Model):
-    """An async inference or a batch transform of one version. A worker holds it by a lease
-    (`worker`, `heartbeat_at`); a lease not renewed in time means the worker died and the job is
-    taken over, resuming from its finished chunks."""
+    """An async inference, a batch transform or a load test of one version. A worker holds it
+    by a lease (`worker`, `heartbeat_at`); a lease not renewed in time means the worker died and
+    the job is taken over, resuming from its finished chunks."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     kind = models.CharField(max_length=8, choices=JobKind.choices)
@@ -373,7 +374,7 @@ class Job(models.Model):
     worker = models.CharField(max_length=200, blank=True, default="")
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)
-    # Progress (batch): rows and chunks done; rate over the current attempt.
+    # Progress (batch: rows and chunks; load test: requests); rate over the current attempt.
     rows_total = models.BigIntegerField(null=True, blank=True)
     rows_done = models.BigIntegerField(default=0)
     chunks_total = models.PositiveIntegerField(null=True, blank=True)
@@ -386,6 +387,8 @@ class Job(models.Model):
     result_headers = models.JSONField(default=dict, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     expired = models.BooleanField(default=False)
+    # A load test's measurements (req/s, p50/p95/p99 ms, errors by status): registry.jobs.loadtest.
+    summary = models.JSONField(default=dict, blank=True)
     # Completion callback (signed with HMAC-SHA256; the secret is never shown again).
     callback_url = models.URLField(max_length=500, blank=True, default="")
     callback_secret = models.CharField(max_length=200, blank=True, default="")
@@ -404,7 +407,7 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=Q(status__in=["queued", "running", "succeeded", "failed", "cancelled"]),
                 name="job_status_valid"),
-            models.CheckConstraint(condition=Q(kind="async") | Q(dataset__isnull=False),
+            models.CheckConstraint(condition=~Q(kind="batch") | Q(dataset__isnull=False),
                                    name="batch_job_has_dataset"),
         ]
 

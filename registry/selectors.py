@@ -178,3 +178,23 @@ def job_get(job_id) -> Job:
     if job is None:
         raise NotFound(f"job {job_id} does not exist", field="job")
     return job
+
+
+def loadtest_runs(version: ModelVersion, *, limit: int = 10) -> list[Job]:
+    """The version's latest load tests, newest first (any status: a failed one says why)."""
+    return list(Job.objects.select_related("created_by").filter(
+        version=version, kind="loadtest").order_by("-created_at")[:limit])
+
+
+def loadtest_latest_per_version(model: RegisteredModel, *, exclude: ModelVersion | None = None
+                                ) -> list[Job]:
+    """Each other version's latest succeeded load test, for comparing versions."""
+    qs = (Job.objects.select_related("version").filter(
+        version__model=model, kind="loadtest", status="succeeded")
+        .order_by("version__number", "-created_at"))
+    if exclude is not None:
+        qs = qs.exclude(version=exclude)
+    latest: dict[int, Job] = {}
+    for job in qs[:500]:
+        latest.setdefault(job.version.number, job)
+    return list(latest.values())

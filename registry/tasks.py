@@ -23,8 +23,8 @@ def validate_version_task(version_id: int) -> str:
 
 
 @task("registry.run_job", lane="jobs", acks_late=True, reject_on_worker_lost=True)
-def run_job_task(job_id: str) -> str:
-    return runner.run_job(job_id)
+def run_job_task(job_id: str, key: str | None = None) -> str:
+    return runner.run_job(job_id, key=key)
 
 
 @task("registry.build_tensorrt_engine", acks_late=True)

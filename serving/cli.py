@@ -33,7 +33,7 @@ def _source(repository: str | None, registry: bool):
         django.setup()
         from registry.serving_source import RegistrySource
 
-        return RegistrySource()
+        return RegistrySource(address=os.environ.get("MMC_REPLICA_ADDRESS", ""))
     from registry.signatures import read_signature
     from serving.sources import RepositorySource
 

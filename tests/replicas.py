@@ -36,6 +36,7 @@ class Replica:
         else:
             cmd = [sys.executable, "-m", "serving.cli", "--registry", "--port", str(self.port),
                    "--replica", name]
+        env.setdefault("MMC_REPLICA_ADDRESS", self.url)  # where a load test reaches it
         self.log = log_dir / f"{name}.log"
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(**env),
                                      stdout=self.log.open("wb"), stderr=subprocess.STDOUT)

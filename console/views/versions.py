@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -14,10 +15,11 @@ from registry.services import tensorrt as trt_services
 from registry.services import versions as version_services
 from registry.services.approvals import may_decide
 from registry.services.conversion import version_convert
+from registry.services.loadtests import live_traffic_roles, loadtest_create
 from registry.services.versions import SERVING_FIELDS
 
 from .. import tryit
-from ..forms import ApprovalForm, error_text
+from ..forms import ApprovalForm, LoadTestForm, error_text
 from ..serving_form import LABELS, ServingForm
 from .access import requires, run_service
 from .models import found
@@ -30,7 +32,8 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
 
 
 def render_version(request: HttpRequest, name: str, number: int, *,
-                   serving_form: ServingForm | None = None, status: int = 200) -> HttpResponse:
+                   serving_form: ServingForm | None = None,
+                   loadtest_form: LoadTestForm | None = None, status: int = 200) -> HttpResponse:
     version = found(selectors.version_get, name, number)
     signature = version.signature or {}
     inputs = tryit.example_inputs(signature)
@@ -58,12 +61,40 @@ def render_version(request: HttpRequest, name: str, number: int, *,
         "converted_to": list(version.model.versions.filter(
             metadata__converted_from=number).values_list("number", flat=True)),
         "serving_form": serving_form or ServingForm.for_version(version),
+        "loadtest_form": loadtest_form or LoadTestForm(replicas=_replica_names()),
+        "loadtest_runs": selectors.loadtest_runs(version),
+        "loadtest_others": selectors.loadtest_latest_per_version(version.model, exclude=version),
+        "live_roles": live_traffic_roles(version),
+        "loadtest_limits": {"seconds": settings.LOADTEST_MAX_SECONDS,
+                            "concurrency": settings.LOADTEST_MAX_CONCURRENCY},
         "infer_url": f"/v2/models/{name}/versions/{number}/infer",
         "curl": tryit.curl_snippet(base, name, number, inputs),
         "tritonclient": tryit.tritonclient_snippet(request.get_host(), name, number, inputs,
                                                    outputs),
     }
     return render(request, "console/version_detail.html", context, status=status)
+
+
+def _replica_names() -> list[str]:
+    return [r.replica for r in selectors.replicas()]
+
+
+@require_POST
+@requires("viewer", write="engineer")
+def version_loadtest(request: HttpRequest, name: str, number: int) -> HttpResponse:
+    """Start a load test; the same service as POST .../loadtest/ in the API. Success opens the
+    job's page (live progress), a refusal stays here with the reason."""
+    form = LoadTestForm(request.POST, replicas=_replica_names())
+    if not form.is_valid():
+        messages.error(request, "Load test not started: " + error_text(form))
+        return redirect(f"{request.path.rsplit('loadtest/', 1)[0]}#loadtest")
+    job = run_service(request, loadtest_create, model_name=name, number=number,
+                      **form.service_kwargs(),
+                      success="Load test queued: its progress shows here, its result on the "
+                              "version page.")
+    if job is None:
+        return redirect(f"{request.path.rsplit('loadtest/', 1)[0]}#loadtest")
+    return redirect("console:job-detail", job_id=job.pk)
 
 
 def _shown(value) -> str:

@@ -6,6 +6,7 @@ they belong to the data plane.
     PUT  /api/v1/datasets/upload/?filename=x.npy         raw body → 201 dataset
     POST /api/v1/datasets/                               multipart `file` → 201 dataset
     POST /api/v1/models/{m}/batch/                       {"dataset": id, ...} → 202 + job
+    POST /api/v1/models/{m}/versions/{n}/loadtest/       {"requests"|"seconds", ...} → 202 + job
     GET  /api/v1/jobs/[?kind=&status=&model=]  GET /api/v1/jobs/{id}/
     POST /api/v1/jobs/{id}/cancel/             GET /api/v1/jobs/{id}/result/
 """
@@ -32,6 +33,7 @@ from registry.errors import InvalidRequest, LifecycleError, NotFound, PayloadToo
 from registry.jobs.progress import progress, result_url, status_url
 from registry.models import Dataset, Job, JobStatus
 from registry.services import jobs as svc
+from registry.services import loadtests
 from registry.store.files import FileWriter, job_dir
 
 LIMIT_SLACK = 1024 * 1024
@@ -63,7 +65,8 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = ["id", "kind", "status", "model", "version", "dataset", "params", "input_bytes",
-                  "failure_reason", "attempts", "progress", "result_url", "result_bytes",
+                  "failure_reason", "attempts", "progress", "summary", "result_url",
+                  "result_bytes",
                   "expires_at", "expired", "callback_url", "callback_status", "status_url",
                   "created_by", "created_at", "started_at", "finished_at"]
 
@@ -88,6 +91,23 @@ class BatchSerializer(serializers.Serializer):
     max_rows_per_second = serializers.FloatField(min_value=0, required=False, default=0)
     callback_url = serializers.CharField(required=False, allow_blank=True, default="")
     callback_secret = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class LoadTestSerializer(serializers.Serializer):
+    requests = serializers.IntegerField(required=False, allow_null=True,
+                                        help_text="how many requests (1 to 100000); or seconds")
+    seconds = serializers.IntegerField(required=False, allow_null=True,
+                                       help_text="how long (up to MMC_LOADTEST_MAX_SECONDS)")
+    concurrency = serializers.IntegerField(default=1, help_text="requests in flight (up to "
+                                                                "MMC_LOADTEST_MAX_CONCURRENCY)")
+    replica = serializers.CharField(required=False, allow_blank=True, default="",
+                                    help_text="a live replica's name (default: the embedded "
+                                              "server, else the first live replica running it)")
+    confirm = serializers.BooleanField(default=False, help_text="needed when the version takes "
+                                                                "real traffic")
+    key = serializers.CharField(required=False, allow_blank=True, default="", write_only=True,
+                                help_text="a predict key, when the endpoint is protected; "
+                                          "never stored")
 
 
 class JobsPermission:
@@ -218,6 +238,21 @@ class BatchView(JobsPermission, APIView):
             chunk_rows=data.get("chunk_rows"), output_format=data.get("output_format"),
             max_rows_per_second=data["max_rows_per_second"], callback_url=data["callback_url"],
             callback_secret=data["callback_secret"])
+        return _accepted(job)
+
+
+class LoadTestView(JobsPermission, APIView):
+    parser_classes = [JSONParser]
+
+    @extend_schema(request=LoadTestSerializer, responses={202: JobSerializer, **errors(409)})
+    def post(self, request, name, number):
+        """Load-test the pinned version on a replica with generated inputs; the result (req/s,
+        p50/p95/p99 ms, errors by status) lands in the job's `summary`."""
+        data = valid(LoadTestSerializer, request.data)
+        job = loadtests.loadtest_create(
+            model_name=name, number=number, actor=actor(request), requests=data.get("requests"),
+            seconds=data.get("seconds"), concurrency=data["concurrency"],
+            replica=data["replica"], confirm=data["confirm"], key=data["key"])
         return _accepted(job)
 
 

@@ -23,6 +23,8 @@ urlpatterns = [
          name="version-reject"),
     path(f"{MODEL}/versions/<int:number>/convert/", views.VersionConvertView.as_view(),
          name="version-convert"),
+    path(f"{MODEL}/versions/<int:number>/loadtest/", jobs.LoadTestView.as_view(),
+         name="version-loadtest"),
     path(f"{MODEL}/versions/<int:number>/artifact/", views.VersionArtifactView.as_view(),
          name="version-artifact"),
     path(f"{MODEL}/aliases/", views.AliasListView.as_view(), name="alias-list"),

@@ -20,10 +20,14 @@ from registry.store.files import dataset_path, job_dir
 log = logging.getLogger(__name__)
 
 
-def enqueue_job(job_id) -> None:
+def enqueue_job(job_id, *, key: str | None = None) -> None:
     """Run the job after the current transaction commits, on the jobs lane (its own, so a long
-    batch never delays validations)."""
-    enqueue("registry.run_job", job_id=str(job_id))
+    batch never delays validations). `key` (a load test's predict key) travels only in the
+    task's arguments: a re-queued job has none and says so."""
+    if key:
+        enqueue("registry.run_job", job_id=str(job_id), key=key)
+    else:
+        enqueue("registry.run_job", job_id=str(job_id))
 
 
 def stale_jobs(*, queued: bool = True):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.urls import reverse
 from django.utils import timezone
 
-from registry.models import Job, JobStatus
+from registry.models import Job, JobKind, JobStatus
 
 
 def progress(job: Job) -> dict:
@@ -30,6 +30,6 @@ def status_url(job: Job) -> str:
 
 def result_url(job: Job) -> str | None:
     """Where the result downloads from, while there is one to download."""
-    if job.status != JobStatus.SUCCEEDED or job.expired:
-        return None
+    if job.status != JobStatus.SUCCEEDED or job.expired or job.kind == JobKind.LOADTEST:
+        return None  # a load test's result is its summary, on the job itself
     return reverse("api:job-result", args=[job.pk])

@@ -1,5 +1,6 @@
-"""Runs one job (async inference or a batch transform) to an outcome on whatever worker picked
-it: Celery in clustered mode, the embedded process's job lane, or `manage.py run_jobs`."""
+"""Runs one job (async inference, a batch transform or a load test) to an outcome on whatever
+worker picked it: Celery in clustered mode, the embedded process's job lane, or
+`manage.py run_jobs`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from registry.integrations.callbacks import deliver
 from registry.jobs.async_infer import run_async
 from registry.jobs.batch import run_batch
 from registry.jobs.lease import JobFailed, Lease, LeaseLost, claim, finish
+from registry.jobs.loadtest import run_loadtest
 from registry.models import Job, JobKind, JobStatus
 from registry.store.files import job_dir
 from serving.errors import ServingError
@@ -17,15 +19,18 @@ from serving.errors import ServingError
 log = logging.getLogger(__name__)
 
 
-def run_job(job_id) -> str:
-    """Run one job to an outcome; safe to call twice or concurrently (the lease decides)."""
+def run_job(job_id, *, key: str | None = None) -> str:
+    """Run one job to an outcome; safe to call twice or concurrently (the lease decides).
+    `key`: a load test's predict key, passed only in the task's arguments, never stored."""
     job = claim(job_id)
     if job is None:
         return "skipped"
     try:
         with Lease(job) as lease:
-            run = run_async if job.kind == JobKind.ASYNC else run_batch
-            fields = run(job, lease)
+            if job.kind == JobKind.LOADTEST:
+                fields = run_loadtest(job, lease, key=key)
+            else:
+                fields = (run_async if job.kind == JobKind.ASYNC else run_batch)(job, lease)
         status, reason = JobStatus.SUCCEEDED, ""
     except LeaseLost:
         _cleanup_if_cancelled(job)

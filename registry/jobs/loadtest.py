@@ -1,0 +1,161 @@
+"""A load test of one version (perf_analyzer in the console): N requests or T seconds at
+concurrency C against the pinned version's v2 infer URL on one replica, with inputs generated
+from the signature (the same request every time, so two versions compare on equal terms).
+
+The requests run on one asyncio loop in a thread of their own (C coroutines sharing an
+httpx.AsyncClient); the job's thread stays synchronous Django and writes progress (requests
+done, req/s so far) through the lease every half second."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections import Counter
+
+import httpx
+import numpy as np
+import orjson
+from django.conf import settings
+
+from registry.jobs.lease import JobFailed, Lease, LeaseLost
+from registry.models import Job
+
+PROGRESS_EVERY = 0.5
+REQUEST_TIMEOUT = 30.0
+
+
+def example_value(datatype: str, i: int):
+    """The i-th generated element of a tensor (as console.tryit fills the try-it form)."""
+    if datatype == "BOOL":
+        return i % 2 == 0
+    if datatype == "BYTES":
+        return "example"
+    if datatype.startswith(("FP", "BF")):
+        return round(((i * 7) % 11) / 10 - 0.5, 2)
+    return i % 10
+
+
+def request_body(signature: dict) -> bytes:
+    """One v2 JSON request from the signature: dynamic dimensions are 1, data deterministic."""
+    inputs = []
+    for tensor in signature.get("inputs") or []:
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in (tensor.get("shape") or [1])]
+        count = math.prod(shape)
+        inputs.append({"name": tensor["name"], "shape": shape, "datatype": tensor["datatype"],
+                       "data": [example_value(tensor["datatype"], i) for i in range(count)]})
+    return orjson.dumps({"inputs": inputs})
+
+
+def infer_url(base: str, model: str, number: int) -> str:
+    return f"{base.rstrip('/')}/v2/models/{model}/versions/{number}/infer"
+
+
+class Recorder:
+    """What the coroutines measured, read by the job thread: latencies (s) and statuses."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.statuses: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def add(self, seconds: float, status: str) -> None:
+        with self.lock:
+            self.latencies.append(seconds)
+            self.statuses[status] += 1
+
+    @property
+    def done(self) -> int:
+        return len(self.latencies)
+
+
+async def _drive(url: str, body: bytes, headers: dict, *, requests: int | None, deadline: float,
+                 concurrency: int, stop: threading.Event, recorder: Recorder) -> None:
+    issued = 0
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal issued
+        while not stop.is_set() and time.monotonic() < deadline:
+            if requests is not None:
+                if issued >= requests:
+                    return
+                issued += 1  # one loop thread: no lock needed between coroutines
+            start = time.perf_counter()
+            try:
+                r = await client.post(url, content=body, headers=headers)
+                status = str(r.status_code)
+            except httpx.TimeoutException:
+                status = "timeout"
+            except httpx.HTTPError as exc:
+                status = exc.__class__.__name__
+            recorder.add(time.perf_counter() - start, status)
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT, limits=limits) as client:
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+
+
+def summarize(recorder: Recorder, elapsed: float, *, stopped: str = "") -> dict:
+    """The stored result: req/s, latency percentiles (ms), errors by status."""
+    lat = np.asarray(recorder.latencies) * 1000.0
+    ok = recorder.statuses.get("200", 0)
+    pct = (lambda q: round(float(np.percentile(lat, q)), 2)) if len(lat) else (lambda q: None)
+    return {"requests": int(len(lat)), "ok": int(ok),
+            "errors": {k: v for k, v in sorted(recorder.statuses.items()) if k != "200"},
+            "seconds": round(elapsed, 3),
+            "rps": round(len(lat) / elapsed, 1) if elapsed > 0 else None,
+            "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99),
+            "mean_ms": round(float(lat.mean()), 2) if len(lat) else None,
+            "stopped": stopped}
+
+
+def run_loadtest(job: Job, lease: Lease, *, key: str | None = None) -> dict:
+    version, params = job.version, job.params
+    if not version.signature:
+        raise JobFailed(f"version {version.number} has no signature (is it ready?)")
+    if params.get("key_required") and not key:
+        raise JobFailed("the endpoint needs a predict key and keys are never stored: the run "
+                        "was interrupted and cannot resume; start the load test again")
+    url = infer_url(params["url"], version.model.name, version.number)
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    requests, seconds = params.get("requests"), params.get("seconds")
+    limit = float(seconds or settings.LOADTEST_MAX_SECONDS)
+    recorder, stop, failure = Recorder(), threading.Event(), []
+    start = time.monotonic()
+    deadline = start + limit
+
+    def drive() -> None:
+        try:
+            asyncio.run(_drive(url, request_body(version.signature), headers,
+                               requests=requests, deadline=deadline,
+                               concurrency=params["concurrency"], stop=stop,
+                               recorder=recorder))
+        except Exception as exc:  # reported as the job's failure by the job thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=drive, name=f"mmc-loadtest-{job.pk}", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(PROGRESS_EVERY)
+            elapsed = time.monotonic() - start
+            lease.update(rows_done=recorder.done,
+                         rows_per_second=recorder.done / elapsed if elapsed > 0 else None)
+    except LeaseLost:
+        stop.set()
+        thread.join()
+        raise
+    if failure:
+        raise JobFailed(f"the load generator failed: {failure[0]!r}")
+    elapsed = time.monotonic() - start
+    stopped = ("time limit" if requests is not None and recorder.done < requests else "")
+    summary = summarize(recorder, elapsed, stopped=stopped)
+    if summary["requests"] and not summary["ok"]:
+        first = next(iter(summary["errors"]))
+        raise JobFailed(f"every request failed ({first}: {summary['errors'][first]} of "
+                        f"{summary['requests']}) against {url}")
+    return {"summary": summary, "rows_done": recorder.done,
+            "rows_per_second": summary["rps"]}

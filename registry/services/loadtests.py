@@ -1,0 +1,113 @@
+"""Load tests of a version: checked (bounds, the live-traffic rule, a replica that runs the
+version, a predict key where the endpoint wants one), audited and queued as a "loadtest" job
+in one transaction; registry.jobs.loadtest runs it."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import transaction
+
+from registry import selectors
+from registry.audit import Actor, record
+from registry.errors import InvalidRequest, LifecycleError, NotFound
+from registry.jobs.housekeeping import enqueue_job
+from registry.models import Endpoint, Job, JobKind, ModelVersion, ReplicaHeartbeat
+
+
+def live_traffic_roles(version: ModelVersion) -> list[str]:
+    """What real (unpinned) traffic this version takes: stable, candidate or the live colour."""
+    ep = Endpoint.objects.filter(model_id=version.model_id).first()
+    if ep is None:
+        return []
+    roles = [name for name, pk in (("stable", ep.stable_id), ("candidate", ep.candidate_id))
+             if pk == version.pk]
+    if ep.live_color and getattr(ep, f"{ep.live_color}_id") == version.pk:
+        roles.append(f"live ({ep.live_color})")
+    return roles
+
+
+def _has_url(replica: ReplicaHeartbeat) -> bool:
+    return replica.address.startswith(("http://", "https://"))
+
+
+def _runs(replica: ReplicaHeartbeat, version: ModelVersion) -> bool:
+    state = (replica.versions or {}).get(f"{version.model.name}:{version.number}") or {}
+    return state.get("state") == "READY"
+
+
+def target_replica(version: ModelVersion, name: str = "") -> ReplicaHeartbeat:
+    """The live replica to load: the one named, else the first (embedded first) that runs the
+    version and advertises a URL (MMC_REPLICA_ADDRESS)."""
+    live = selectors.replicas()
+    if name:
+        replica = next((r for r in live if r.replica == name), None)
+        if replica is None:
+            raise NotFound(f"replica {name!r} is not live", field="replica")
+        candidates = [replica]
+    else:
+        candidates = sorted(live, key=lambda r: (r.address != "embedded" and r.replica
+                                                 != "embedded", r.replica))
+        if not candidates:
+            raise LifecycleError("no replica is live: start one (or the embedded server) first",
+                                 field="replica")
+    for replica in candidates:
+        if _runs(replica, version) and _has_url(replica):
+            return replica
+    replica = candidates[0]
+    if not _runs(replica, version):
+        raise LifecycleError(
+            f"replica {replica.replica!r} does not run {version.model.name} v{version.number}: a "
+            f"replica loads only the versions its endpoint references (stable, candidate, "
+            f"blue/green, shadow, warm); put it in an idle slot first", field="replica")
+    raise LifecycleError(f"replica {replica.replica!r} advertises no URL (address "
+                         f"{replica.address!r}): start it with MMC_REPLICA_ADDRESS=http://host:port",
+                         field="replica")
+
+
+def _bounds(requests: int | None, seconds: int | None, concurrency: int) -> None:
+    if (requests is None) == (seconds is None):
+        raise InvalidRequest("give either requests or seconds", field="requests")
+    if requests is not None and not 1 <= requests <= settings.LOADTEST_MAX_REQUESTS:
+        raise InvalidRequest(f"requests must be from 1 to {settings.LOADTEST_MAX_REQUESTS}",
+                             field="requests")
+    if seconds is not None and not 1 <= seconds <= settings.LOADTEST_MAX_SECONDS:
+        raise InvalidRequest(f"seconds must be from 1 to {settings.LOADTEST_MAX_SECONDS} "
+                             f"(MMC_LOADTEST_MAX_SECONDS)", field="seconds")
+    if not 1 <= concurrency <= settings.LOADTEST_MAX_CONCURRENCY:
+        raise InvalidRequest(f"concurrency must be from 1 to "
+                             f"{settings.LOADTEST_MAX_CONCURRENCY} (MMC_LOADTEST_MAX_CONCURRENCY)",
+                             field="concurrency")
+
+
+def loadtest_create(*, model_name: str, number: int, actor: Actor, concurrency: int = 1,
+                    requests: int | None = None, seconds: int | None = None, replica: str = "",
+                    confirm: bool = False, key: str = "") -> Job:
+    """Queue a load test of version `number` on a replica. A version taking real traffic is
+    refused unless `confirm`; a protected endpoint's key goes only into the task arguments."""
+    _bounds(requests, seconds, concurrency)
+    model = selectors.model_get(model_name)
+    version = selectors.ready_version(model, number)
+    roles = live_traffic_roles(version)
+    if roles and not confirm:
+        raise LifecycleError(
+            f"v{number} takes real traffic ({', '.join(roles)} of {model_name}): a load test "
+            f"would slow its users down; send confirm=true to run it anyway", field="confirm",
+            details={"rule": "live-traffic", "roles": roles})
+    access = selectors.endpoint_access(selectors.endpoint_get(model))
+    if access.protected and not key:
+        raise InvalidRequest(f"{model_name}'s endpoint requires a predict key: pass one as "
+                             f"`key` (it is used for this run only and never stored)",
+                             field="key")
+    target = target_replica(version, replica)
+    params = {"requests": requests, "seconds": seconds, "concurrency": concurrency,
+              "replica": target.replica, "url": target.address, "confirmed": bool(roles),
+              "key_required": bool(key)}
+    with transaction.atomic():
+        job = Job.objects.create(kind=JobKind.LOADTEST, version=version, rows_total=requests,
+                                 created_by=actor.user, params=params)
+        record(actor, "job.create", target_type="job", target=str(job.pk),
+               model_name=model_name,
+               after={"kind": job.kind, "version": number, **params,
+                      "live_roles": roles})
+        enqueue_job(job.pk, key=key or None)
+    return job
