@@ -130,6 +130,16 @@ def version_series(model: str, version: int, *, seconds: int = 300, level: int =
             for t, (c, e, h, spans) in sorted(per_point.items())]
 
 
+def versions_recorded(model: str, *, seconds: int, level: int = 0,
+                      now: float | None = None) -> list[int]:
+    """Every version with samples at tier `level` in the last `seconds`: retired ones too."""
+    now = time.time() if now is None else now
+    first = int(now - seconds) // settings.METRICS_BUCKET_SECONDS
+    return sorted(set(MetricSample.objects.filter(model_name=model, bucket__gte=first,
+                                                  level__gte=level)
+                      .values_list("version", flat=True).distinct()), reverse=True)
+
+
 def latest_shadow(model: str) -> dict | None:
     """The newest shadow comparison any replica reported for the model."""
     newest = (MetricSample.objects.filter(model_name=model, shadow__isnull=False)
