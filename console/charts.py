@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 
 WIDTH, HEIGHT = 400, 170
 LEFT, RIGHT, TOP, BOTTOM = 52, 40, 12, 26
@@ -67,8 +68,38 @@ def _marker(shape: str, x: float, y: float) -> str:
     return (f"M{x - 3:.1f},{y:.1f}a3,3 0 1,0 6,0a3,3 0 1,0 -6,0z")
 
 
+# Tick spacing per range: about 3 to 7 labels whatever the range.
+TICK_STEPS = (60, 300, 900, 3600, 3 * 3600, 6 * 3600, 86400)
+
+
+def ago(seconds: int) -> str:
+    """−5m, −2h, −1d: an x tick's label."""
+    if seconds % 86400 == 0:
+        return f"−{seconds // 86400}d"
+    if seconds % 3600 == 0:
+        return f"−{seconds // 3600}h"
+    return f"−{seconds // 60}m"
+
+
+def x_tick_times(seconds: int) -> list[int]:
+    """Seconds before now of each tick, oldest first, ending at 0 (now)."""
+    step = next((s for s in TICK_STEPS if seconds / s <= 6), TICK_STEPS[-1])
+    return list(range(seconds // step * step, -1, -step))
+
+
+@dataclass
+class Event:
+    """A rollout event drawn as a numbered vertical line (from the audit log)."""
+
+    n: int
+    t: float
+    text: str               # "canary start: v3 at 20 %"
+    when: datetime | None = None
+
+
 def line_chart(key: str, title: str, unit: str, scale: float, series: list[Series], *,
-               seconds: int = 300, now: float | None = None) -> dict:
+               seconds: int = 300, now: float | None = None,
+               events: list[Event] = ()) -> dict:
     """Geometry for one chart: what templates/console/partials/chart.html draws."""
     now = time.time() if now is None else now
     start = now - seconds
@@ -112,26 +143,27 @@ def line_chart(key: str, title: str, unit: str, scale: float, series: list[Serie
         })
 
     y_ticks = [{"y": round(y_of(top * f), 1), "label": fmt(top * f)} for f in (0, 0.5, 1)]
-    minutes = max(seconds // 60, 1)
-    x_ticks = [{"x": round(x_of(start + seconds * i / minutes), 1),
-                "label": "now" if i == minutes else f"−{minutes - i}m"}
-               for i in range(minutes + 1)]
+    x_ticks = [{"x": round(x_of(now - back), 1), "label": ago(back) if back else "now"}
+               for back in x_tick_times(seconds)]
+    marks = [{"n": e.n, "x": round(x_of(e.t), 1), "text": e.text}
+             for e in events if start <= e.t <= now]
     has_data = any(line["count"] for line in lines)
     summary = "; ".join(f"{line['label']}: {line['latest']} {unit}" for line in lines)
     return {
         "id": f"chart-{key.replace('_', '-')}", "key": key, "title": title, "unit": unit,
         "width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT, "top": TOP,
         "bottom": HEIGHT - BOTTOM, "label_y": HEIGHT - 6, "lines": lines,
-        "y_ticks": y_ticks, "x_ticks": x_ticks, "has_data": has_data,
+        "y_ticks": y_ticks, "x_ticks": x_ticks, "has_data": has_data, "events": marks,
         "summary": summary or "no versions serving",
         "mid_x": LEFT + plot_w / 2, "mid_y": TOP + plot_h / 2,
     }
 
 
-def version_charts(series: list[Series], *, seconds: int = 300,
-                   now: float | None = None) -> list[dict]:
-    """The deployment page's five charts, every version on each (candidate next to stable)."""
+def version_charts(series: list[Series], *, seconds: int = 300, now: float | None = None,
+                   events: list[Event] = ()) -> list[dict]:
+    """The deployment page's five charts, every version on each (candidate next to stable),
+    the rollout events marked on each."""
     for i, s in enumerate(series):
         s.style = STYLES[i % len(STYLES)]
-    return [line_chart(key, title, unit, scale, series, seconds=seconds, now=now)
+    return [line_chart(key, title, unit, scale, series, seconds=seconds, now=now, events=events)
             for key, title, unit, scale in METRICS]

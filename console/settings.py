@@ -74,7 +74,12 @@ REPLICA_HEARTBEAT_SECONDS = env.float("MMC_HEARTBEAT_SECONDS", default=2.0)
 REPLICA_POLL_SECONDS = env.float("MMC_POLL_SECONDS", default=1.0)
 # Per-version metrics kept for dashboards and canary analysis: bucket width and retention.
 METRICS_BUCKET_SECONDS = env.int("MMC_METRICS_BUCKET_SECONDS", default=5)
-METRICS_RETENTION_SECONDS = env.int("MMC_METRICS_RETENTION_SECONDS", default=6 * 3600)
+# History tiers (registry/metrics_retention.py): every sample for an hour, the last of each minute
+# for a day, the last of each 10 minutes for the retention (8 days: a week back always charts).
+METRICS_FINE_SECONDS = env.int("MMC_METRICS_FINE_SECONDS", default=3600)
+METRICS_MINUTE_SECONDS = env.int("MMC_METRICS_MINUTE_SECONDS", default=24 * 3600)
+METRICS_RETENTION_SECONDS = env.int("MMC_METRICS_RETENTION_SECONDS", default=8 * 24 * 3600)
+METRICS_COMPACT_SECONDS = env.float("MMC_METRICS_COMPACT_SECONDS", default=60.0)
 # A replica not heard from for this long is "lost": listed, named by ?wait, degraded health.
 REPLICA_STALE_SECONDS = env.float("MMC_REPLICA_STALE_SECONDS", default=10.0)
 # A lost replica no one removed is forgotten (audited) after this long silent.
@@ -334,7 +339,8 @@ STORE_MIN_FREE_BYTES = env.int("MMC_STORE_MIN_FREE_BYTES", default=1024**3)
 PERIODIC_TASKS = {"registry.rollout_tick": ROLLOUT_TICK_SECONDS,
                   "registry.jobs_tick": JOB_TICK_SECONDS,
                   "registry.recovery_tick": RECOVERY_TICK_SECONDS,
-                  "registry.gc_artifacts": GC_SECONDS}
+                  "registry.gc_artifacts": GC_SECONDS,
+                  "registry.metrics_compact": METRICS_COMPACT_SECONDS}
 CELERY_BEAT_SCHEDULE = {name: {"task": name, "schedule": seconds}
                         for name, seconds in PERIODIC_TASKS.items() if seconds > 0}
 # Default HMAC-SHA256 key for completion callbacks when a job brings none of its own.

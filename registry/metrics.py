@@ -1,11 +1,17 @@
 """Per-version serving metrics from replicas' heartbeats: stored as cumulative samples per time
-bucket, read back as windows (canary analysis) and series (dashboards), summed over replicas."""
+bucket, read back as windows (canary analysis) and series (dashboards), summed over replicas.
+
+Rates divide by the time actually elapsed between two samples (their `at`), never by a nominal
+bucket width: heartbeats (2 s) and buckets (5 s) do not align, so the last sample of consecutive
+buckets are 4 or 6 s apart and a steady 19.5 req/s would read 15.6 / 23.4. History is kept in
+tiers (`level`, see registry/metrics_retention.py): the last sample of each minute and of each
+10 minutes stays longer; a series at a coarser tier reads only those samples."""
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from datetime import datetime, timedelta
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db.models import Max, OuterRef, Subquery
@@ -14,14 +20,22 @@ from django.utils import timezone
 from registry.models import MetricSample
 from serving.stats import LATENCY_BUCKETS_S, quantile_from_buckets
 
-_last_trim = 0.0
+# Point width of each tier after the fine one (level 0 is METRICS_BUCKET_SECONDS wide).
+TIER_SECONDS = {1: 60, 2: 600}
 
 
-def record_samples(replica: str, versions: dict[str, dict]) -> None:
-    """Store the stats snapshots a heartbeat carries ("model:version" -> {"stats": {...}})."""
-    global _last_trim
-    now = timezone.now()
-    bucket = int(time.time()) // settings.METRICS_BUCKET_SECONDS
+def point_seconds(level: int) -> int:
+    """How many seconds one chart point of tier `level` covers."""
+    width = settings.METRICS_BUCKET_SECONDS
+    return max(TIER_SECONDS.get(level, width), width)
+
+
+def record_samples(replica: str, versions: dict[str, dict], *, now: float | None = None) -> None:
+    """Store the stats snapshots a heartbeat carries ("model:version" -> {"stats": {...}}).
+    `now` (unix seconds) is the heartbeat's arrival; specs feed it to replay a timeline."""
+    now = time.time() if now is None else now
+    at = datetime.fromtimestamp(now, tz=UTC)
+    bucket = int(now) // settings.METRICS_BUCKET_SECONDS
     for key, state in versions.items():
         stats = state.get("stats")
         if not stats:
@@ -29,15 +43,11 @@ def record_samples(replica: str, versions: dict[str, dict]) -> None:
         model_name, _, version = key.rpartition(":")
         MetricSample.objects.update_or_create(
             replica=replica, model_name=model_name, version=int(version), bucket=bucket,
-            defaults={"at": now, "count": stats["count"], "errors": stats["errors"],
+            defaults={"at": at, "count": stats["count"], "errors": stats["errors"],
                       "latency_sum_s": stats.get("latency_sum_s", 0.0),
                       "latency_buckets": stats["latency_buckets"],
                       "shadow": state.get("shadow")},
         )
-    if time.monotonic() - _last_trim > 60:
-        _last_trim = time.monotonic()
-        cutoff = now - timedelta(seconds=settings.METRICS_RETENTION_SECONDS)
-        MetricSample.objects.filter(at__lt=cutoff).delete()
 
 
 def _delta(new: MetricSample, old: MetricSample | None) -> tuple[int, int, list[int]]:
@@ -65,6 +75,7 @@ def version_window(model: str, version: int, since: datetime) -> dict:
     since_bucket = int(since.timestamp()) // settings.METRICS_BUCKET_SECONDS
     rows = MetricSample.objects.filter(model_name=model, version=version)
     count = errors = 0
+    rate = 0.0
     hist = [0] * (len(LATENCY_BUCKETS_S) + 1)
     for replica in rows.values_list("replica", flat=True).distinct():
         mine = rows.filter(replica=replica)
@@ -75,15 +86,24 @@ def version_window(model: str, version: int, since: datetime) -> dict:
         c, e, h = _delta(latest, base)
         count, errors = count + c, errors + e
         hist = [a + b for a, b in zip(hist, h, strict=False)]
-    return _summary(count, errors, hist, max((now - since).total_seconds(), 1e-9))
+        # over the time the two samples span; a replica that started inside: since `since`
+        span = (latest.at - (base.at if base else since)).total_seconds()
+        rate += c / span if span > 0 else 0.0
+    return {**_summary(count, errors, hist, max((now - since).total_seconds(), 1e-9)),
+            "rps": rate}
 
 
-def version_series(model: str, version: int, *, seconds: int = 300) -> list[dict]:
-    """Per-bucket points (req/s, error rate, p50/p95/p99) for the last `seconds`, for charts."""
+def version_series(model: str, version: int, *, seconds: int = 300, level: int = 0,
+                   now: float | None = None) -> list[dict]:
+    """Points (req/s, error rate, p50/p95/p99) for the last `seconds` at tier `level` (one
+    point per `point_seconds(level)`), for charts. Each point's rate is the sum over replicas of
+    the requests between two samples over the seconds actually between them."""
     width = settings.METRICS_BUCKET_SECONDS
-    first = int(time.time()) // width - seconds // width
+    step = point_seconds(level)
+    now = time.time() if now is None else now
+    first = int(now - seconds) // step * step // width
     rows = MetricSample.objects.filter(model_name=model, version=version)
-    samples = list(rows.filter(bucket__gte=first).order_by("replica", "bucket"))
+    samples = list(rows.filter(bucket__gte=first, level__gte=level).order_by("replica", "bucket"))
     # Baseline of each replica's first point: its newest sample before the window (heartbeats
     # may skip buckets), found per replica through the unique (replica, model, version, bucket)
     # index in one query. A replica with none started inside the window and counts from zero.
@@ -92,17 +112,32 @@ def version_series(model: str, version: int, *, seconds: int = 300) -> list[dict
     baselines = (rows.filter(bucket__gte=first).values("replica").distinct()
                  .annotate(base=Subquery(newest_older)).values("base"))
     previous: dict[str, MetricSample] = {s.replica: s for s in rows.filter(pk__in=baselines)}
-    per_bucket: dict[int, list] = defaultdict(lambda: [0, 0, [0] * (len(LATENCY_BUCKETS_S) + 1)])
+    per_point: dict[int, list] = defaultdict(lambda: [0, 0, [0] * (len(LATENCY_BUCKETS_S) + 1),
+                                                      defaultdict(lambda: [0, 0.0])])
     for s in samples:
         old = previous.get(s.replica)
         previous[s.replica] = s
         c, e, h = _delta(s, old)
-        acc = per_bucket[s.bucket]
+        acc = per_point[s.bucket * width // step * step]
         acc[0] += c
         acc[1] += e
         acc[2] = [a + b for a, b in zip(acc[2], h, strict=False)]
-    return [{"t": b * width, **_summary(c, e, h, width)}
-            for b, (c, e, h) in sorted(per_bucket.items())]
+        mine = acc[3][s.replica]  # requests and seconds of this replica inside the point
+        mine[0] += c
+        mine[1] += (s.at - old.at).total_seconds() if old is not None else step
+    return [{"t": t, **_summary(c, e, h, step),
+             "rps": sum(n / span for n, span in spans.values() if span > 0)}
+            for t, (c, e, h, spans) in sorted(per_point.items())]
+
+
+def versions_recorded(model: str, *, seconds: int, level: int = 0,
+                      now: float | None = None) -> list[int]:
+    """Every version with samples at tier `level` in the last `seconds`: retired ones too."""
+    now = time.time() if now is None else now
+    first = int(now - seconds) // settings.METRICS_BUCKET_SECONDS
+    return sorted(set(MetricSample.objects.filter(model_name=model, bucket__gte=first,
+                                                  level__gte=level)
+                      .values_list("version", flat=True).distinct()), reverse=True)
 
 
 def latest_shadow(model: str) -> dict | None:

@@ -305,11 +305,15 @@ class MetricSample(models.Model):
     latency_sum_s = models.FloatField(default=0)
     latency_buckets = models.JSONField(default=list)
     shadow = models.JSONField(null=True, blank=True)
+    level = models.PositiveSmallIntegerField(
+        default=0, help_text="history tier: 1 = last sample of its minute, 2 = of its 10 minutes "
+                             "(registry/metrics_retention.py keeps each tier for its own time)")
 
     class Meta:
         constraints = [models.UniqueConstraint(
             fields=["replica", "model_name", "version", "bucket"], name="metric_sample_unique")]
-        indexes = [models.Index(fields=["model_name", "version", "bucket"])]
+        indexes = [models.Index(fields=["model_name", "version", "bucket"]),
+                   models.Index(fields=["level", "bucket"], name="metric_sample_tier")]
 
 
 class DatasetFormat(models.TextChoices):

@@ -12,6 +12,7 @@ from django.conf import settings
 from registry.background import task
 from registry.integrations import tensorrt, webhooks
 from registry.jobs import housekeeping, runner
+from registry.metrics_retention import compact
 from registry.services import analysis
 from registry.store.gc import collect_garbage
 from registry.validation import recover_validations, validate_version
@@ -62,6 +63,12 @@ def gc_artifacts_task() -> int:
     """Periodic: remove artifact blobs no version references, once past the grace period."""
     grace = timedelta(seconds=settings.GC_GRACE_SECONDS)
     return len(collect_garbage(grace=grace)["blobs"])
+
+
+@task("registry.metrics_compact", ignore_result=True)
+def metrics_compact_task() -> dict:
+    """Periodic: mark each minute's and 10 minutes' last metric sample, delete what aged out."""
+    return compact()
 
 
 @worker_ready.connect

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django import forms
 from django.conf import settings
@@ -37,7 +37,34 @@ from ..forms import (
 from .access import requires, run_service
 from .models import found
 
-CHART_SECONDS = 300
+
+# The chart range picker: seconds shown, history tier read (registry/metrics_retention.py) and
+# how often the charts redraw (a week's chart changes once a minute at most).
+@dataclass(frozen=True)
+class ChartRange:
+    key: str
+    label: str
+    seconds: int
+    level: int
+    poll: str
+
+
+RANGES = {r.key: r for r in (
+    ChartRange("15m", "15 min", 900, 0, "2s"),
+    ChartRange("1h", "1 hour", 3600, 0, "5s"),
+    ChartRange("6h", "6 hours", 6 * 3600, 1, "30s"),
+    ChartRange("24h", "24 hours", 24 * 3600, 1, "60s"),
+    ChartRange("7d", "7 days", 7 * 24 * 3600, 2, "60s"),
+)}
+DEFAULT_RANGE = "15m"
+# Audit actions drawn as markers on the charts, with what each marker says.
+ROLLOUT_EVENTS = {
+    "endpoint.deploy": "deploy", "endpoint.canary": "canary start",
+    "endpoint.weight": "weight change", "endpoint.analysis.advance": "weight change (analysis)",
+    "endpoint.promote": "promote", "endpoint.abort": "abort", "endpoint.rollback": "rollback",
+    "endpoint.bg-deploy": "blue-green deploy", "endpoint.switch": "switch",
+    "endpoint.switch-back": "switch back", "endpoint.bg-finish": "blue-green finish",
+}
 NARROW = 25  # a traffic segment under this % is too narrow for its label: it goes under the bar
 DECISIONS_SHOWN = 12
 
@@ -117,23 +144,55 @@ def traffic_split(ep) -> list[dict]:
             for role, version, weight in routing_of(ep).split()]
 
 
-def complete_buckets(points: list[dict], now: float) -> list[dict]:
+def complete_buckets(points: list[dict], now: float, width: float | None = None) -> list[dict]:
     """Drop the bucket still filling: its rate would read as a sudden drop at the right edge."""
-    width = settings.METRICS_BUCKET_SECONDS
+    width = width or settings.METRICS_BUCKET_SECONDS
     return [p for p in points if p["t"] + width <= now]
 
 
-def chart_context(model_name: str, ep) -> dict:
-    """One version_series query per serving version (at most two), whatever the history."""
+def chart_range(request: HttpRequest) -> ChartRange:
+    return RANGES.get(request.GET.get("range", ""), RANGES[DEFAULT_RANGE])
+
+
+def _event_text(event: AuditEvent) -> str:
+    after = event.after or {}
+    label = ROLLOUT_EVENTS[event.action]
+    if event.action in ("endpoint.canary", "endpoint.weight", "endpoint.analysis.advance"):
+        return f"{label}: v{after.get('candidate')} at {after.get('candidate_weight')} %"
+    if event.action.startswith(("endpoint.switch", "endpoint.bg-")):
+        return f"{label}: v{after.get('live')} live"
+    return f"{label}: v{after.get('stable')} stable"
+
+
+def rollout_events(model_name: str, since: datetime) -> list[charts.Event]:
+    """The audit log's rollout changes since `since`, oldest first, numbered."""
+    rows = (AuditEvent.objects.filter(model_name=model_name, target_type="endpoint",
+                                      action__in=ROLLOUT_EVENTS, created_at__gte=since)
+            .order_by("created_at", "id"))
+    return [charts.Event(n=i, t=e.created_at.timestamp(), text=_event_text(e), when=e.created_at)
+            for i, e in enumerate(rows, 1)]
+
+
+def chart_context(model_name: str, ep, picked: ChartRange | None = None) -> dict:
+    """One version_series per version with history in the range: the serving ones (stable
+    first) and those no longer routed (promoted over, rolled back), which keep their line."""
+    picked = picked or RANGES[DEFAULT_RANGE]
     now = time.time()
-    series = [charts.Series(label=f"v{v.number} {role}",
-                            points=complete_buckets(metrics.version_series(
-                                model_name, v.number, seconds=CHART_SECONDS), now))
-              for v, role in serving_versions(ep)]
-    return {"charts": charts.version_charts(series, seconds=CHART_SECONDS, now=now),
+    width = metrics.point_seconds(picked.level)
+    serving = [(v.number, role) for v, role in serving_versions(ep)]
+    numbers = {n for n, _ in serving}
+    retired = [(n, "retired") for n in metrics.versions_recorded(
+        model_name, seconds=picked.seconds, level=picked.level, now=now) if n not in numbers]
+    series = [charts.Series(label=f"v{n} {role}", points=complete_buckets(metrics.version_series(
+                  model_name, n, seconds=picked.seconds, level=picked.level, now=now), now, width))
+              for n, role in serving + retired]
+    events = rollout_events(model_name, timezone.now() - timedelta(seconds=picked.seconds))
+    return {"charts": charts.version_charts(series, seconds=picked.seconds, now=now,
+                                            events=events),
+            "events": events, "chart_range": picked, "ranges": RANGES.values(),
+            "point_label": f"{width} s" if width < 60 else f"{width // 60} min",
             "shadow": metrics.latest_shadow(model_name) if ep and ep.shadow_id else None,
-            "shadow_version": ep.shadow.number if ep and ep.shadow else None,
-            "chart_seconds": CHART_SECONDS}
+            "shadow_version": ep.shadow.number if ep and ep.shadow else None}
 
 
 def _age(moment: datetime | None, now: datetime) -> float | None:
@@ -247,6 +306,7 @@ def render_deployment(request: HttpRequest, name: str, *, new_key: dict | None =
     context.update(controls_context(request, model, ep), nav="models",
                    access=selectors.endpoint_access(ep), new_key=new_key,
                    key_form=key_form or PredictKeyForm(auto_id="key-%s"))
+    context.update(chart_range=chart_range(request), ranges=RANGES.values())
     response = render(request, "console/deployment.html", context, status=status)
     if new_key:
         response["Cache-Control"] = "no-store"
@@ -262,11 +322,12 @@ def deployment_page(request: HttpRequest, name: str) -> HttpResponse:
 @require_GET
 @requires("viewer")
 def deployment_charts(request: HttpRequest, name: str) -> HttpResponse:
-    """The charts and the shadow comparison alone: polled every 2 s."""
+    """The charts and the shadow comparison alone: polled (every 2 s for the last 15 min), or
+    redrawn for the range picked (?range=24h)."""
     model = found(selectors.model_get, name)
     ep = selectors.endpoint_get(model)
     return render(request, "console/partials/deployment_charts.html",
-                  {"model": model, **chart_context(model.name, ep)})
+                  {"model": model, **chart_context(model.name, ep, chart_range(request))})
 
 
 @require_GET

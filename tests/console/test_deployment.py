@@ -52,7 +52,7 @@ def test_every_role_sees_the_state_but_only_writers_get_the_buttons(page_client,
     assert r.status_code == 200
     html = r.content.decode()
     assert 'data-state="stable"' in html and "Version 1 (stable): <strong>100 %</strong>" in html
-    assert "Live metrics per version" in html and "Replica convergence" in html
+    assert "Metrics per version" in html and "Replica convergence" in html
     buttons = ["Start canary", "no ready version older than", "Blue-green deploy", "Start shadow",
                'type="range"', "/models/fraud/deployment/canary/"]
     for marker in buttons:
