@@ -274,6 +274,7 @@ SPECTACULAR_SETTINGS = {
         "VersionStatusEnum": "registry.choices.VersionStatus",
         "JobStatusEnum": "registry.models.JobStatus",
         "WebhookDeliveryStatusEnum": "registry.models.DeliveryStatus",
+        "ApprovalEnum": "registry.choices.ApprovalState",
     },
 }
 
