@@ -1,10 +1,14 @@
 """Server time of the console's heaviest pages on PostgreSQL with a big catalog.
 
     .venv/bin/python bench/console.py [--loads 50] [--models 1000] [--versions 20]
+                                      [--history-days 7] [--history-deployments 50]
 
 Creates a scratch database (psql on 127.0.0.1:5432, trust auth, user postgres), migrates it,
 bulk-creates --models x --versions, endpoints (every 3rd model with a 10 % canary), 3 replicas'
-heartbeats and 5 minutes of per-version metric samples for every deployed model, then times
+heartbeats and 5 minutes of per-version metric samples for every deployed model, plus
+--history-days of history for --history-deployments of them (both versions, every replica) as
+the metrics compaction leaves it (registry/metrics_retention.py: every bucket for the last hour,
+the last sample of each minute for a day, of each 10 minutes beyond), then times
 --loads requests of each page with Django's test Client (server time: URL resolve, middleware,
 view, queries, template) and prints a markdown table of p50/p95 ms. Target: p95 < 100 ms.
 The scratch database is dropped at the end, also on failure.
@@ -19,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -106,6 +111,46 @@ def build(models: int, versions: int) -> object:
     return user
 
 
+def build_history(days: int, deployments: int) -> int:
+    """`days` of tiered samples for the first `deployments` deployed models; returns the rows."""
+    from django.conf import settings
+
+    from registry.models import Endpoint, MetricSample
+    from serving.stats import LATENCY_BUCKETS_S
+
+    width = settings.METRICS_BUCKET_SECONDS
+    now = int(time.time())
+    # (timestamp, level) of every sample the tiers keep, oldest first
+    keep = []
+    for t in range(now - days * 86400, now + 1, width):
+        age, minute_end = now - t, (t // width + 1) * width % 60 < width
+        ten_end = minute_end and ((t // 60) + 1) % 10 == 0
+        level = 2 if ten_end else 1 if minute_end else 0
+        if age < 320:  # build() wrote the last 5 minutes
+            continue
+        if age <= 3600 or (age <= 86400 and level >= 1) or level == 2:
+            keep.append((t, level))
+    names = list(Endpoint.objects.order_by("model__name")
+                 .values_list("model__name", flat=True)[:deployments])
+    hist, rows, total = [0] * (len(LATENCY_BUCKETS_S) + 1), [], 0
+    for name in names:
+        for r in range(REPLICAS):
+            for version, rate in ((1, 90), (2, 10)):
+                for t, level in keep:
+                    count = rate * (t - now + days * 86400)
+                    hist[9] = count
+                    rows.append(MetricSample(
+                        replica=f"r{r}", model_name=name, version=version, bucket=t // width,
+                        at=datetime.fromtimestamp(t, tz=UTC), count=count,
+                        errors=count // 500, latency_sum_s=count * 0.002,
+                        latency_buckets=list(hist), level=level))
+                if len(rows) > 50_000:
+                    MetricSample.objects.bulk_create(rows, batch_size=10_000)
+                    total, rows = total + len(rows), []
+    MetricSample.objects.bulk_create(rows, batch_size=10_000)
+    return total + len(rows)
+
+
 def time_page(client, url: str, loads: int) -> tuple[float, float, int]:
     client.get(url)  # warm: templates compiled, connection open
     times = []
@@ -136,6 +181,8 @@ def main() -> int:
     parser.add_argument("--loads", type=int, default=50)
     parser.add_argument("--models", type=int, default=1000)
     parser.add_argument("--versions", type=int, default=20)
+    parser.add_argument("--history-days", type=int, default=7)
+    parser.add_argument("--history-deployments", type=int, default=50)
     parser.add_argument("--queries", action="store_true",
                         help="also print each page's slowest queries (ms)")
     args = parser.parse_args()
@@ -161,6 +208,7 @@ def main() -> int:
         call_command("migrate", verbosity=0)
         started = time.perf_counter()
         user = build(args.models, args.versions)
+        history = build_history(args.history_days, args.history_deployments)
         built = time.perf_counter() - started
         client = Client()
         client.force_login(user)
@@ -170,6 +218,9 @@ def main() -> int:
             ("deployment page", "/models/model-0000/deployment/"),
             ("deployment charts partial (polled 2 s)", "/models/model-0000/deployment/charts/"),
             ("deployment live partial (polled 2 s)", "/models/model-0000/deployment/live/"),
+            ("deployment page, 24 h of history", "/models/model-0000/deployment/?range=24h"),
+            ("deployment charts, 24 h", "/models/model-0000/deployment/charts/?range=24h"),
+            ("deployment charts, 7 d", "/models/model-0000/deployment/charts/?range=7d"),
         ]
         results = [(label, url, *time_page(client, url, args.loads)) for label, url in pages]
         if args.queries:
@@ -184,7 +235,9 @@ def main() -> int:
             pstats.Stats(prof).sort_stats("tottime").print_stats(18)
         print(f"\n{args.models:,} models x {args.versions} versions on PostgreSQL "
               f"({connection.pg_version // 10000}); {REPLICAS} replicas, 5 min of samples per "
-              f"deployed version; data built in {built:.1f} s; {args.loads} loads each, "
+              f"deployed version, {args.history_days} d of tiered history for "
+              f"{args.history_deployments} deployments ({history:,} samples); data built in "
+              f"{built:.1f} s; {args.loads} loads each, "
               f"Django test Client (server time)\n")
         print("| page | p50 ms | p95 ms | HTML KiB | p95 < 100 ms |")
         print("|---|---:|---:|---:|---|")
