@@ -354,10 +354,9 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "filters": {"database_down": {"()": "registry.logfilters.DatabaseDownLogFilter"},
-                "forbidden": {"()": "registry.logfilters.ForbiddenLogFilter"}},
+    "filters": {"expected_errors": {"()": "registry.logfilters.ExpectedErrorLogFilter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {"django.server": {"level": "WARNING"},
-                "django.request": {"filters": ["database_down", "forbidden"]}},
+                "django.request": {"filters": ["expected_errors"]}},
 }

@@ -12,28 +12,21 @@ def database_unavailable(exc: BaseException | None) -> bool:
     return isinstance(exc, OperationalError | InterfaceError)
 
 
-class ForbiddenLogFilter(logging.Filter):
-    """A refused request (403) is expected traffic, not a bug: one WARNING line, no traceback."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if getattr(record, "status_code", None) == 403 and record.exc_info:
-            exc = record.exc_info[1]
-            reason = str(exc) if exc is not None and str(exc) else "permission denied"
-            message = record.getMessage()
-            record.msg, record.args = "%s (%s)", (message, reason)
-            record.exc_info, record.exc_text = None, None
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
-        return True
-
-
-class DatabaseDownLogFilter(logging.Filter):
-    """One line, not a traceback per request, while the database is down (django.request)."""
+class ExpectedErrorLogFilter(logging.Filter):
+    """django.request: an answer that is expected traffic, not a bug, is one WARNING line with no
+    traceback: a refused request (403, with its reason) and the database being down (503)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if database_unavailable(exc):
-            record.msg = "%s (database unavailable: %s)"
-            record.args = (record.getMessage(), type(exc).__name__)
-            record.exc_info, record.exc_text = None, None
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            self._one_line(record, f"database unavailable: {type(exc).__name__}")
+        elif getattr(record, "status_code", None) == 403 and record.exc_info:
+            self._one_line(record, str(exc) if exc is not None and str(exc)
+                           else "permission denied")
         return True
+
+    @staticmethod
+    def _one_line(record: logging.LogRecord, note: str) -> None:
+        record.msg, record.args = "%s (%s)", (record.getMessage(), note)
+        record.exc_info, record.exc_text = None, None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
