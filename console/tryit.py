@@ -8,28 +8,12 @@ import math
 import shlex
 
 from serving.dtypes import NUMPY_TYPE_NAMES
+from serving.signature import example_data, example_shape
 
 #: Above this many elements an input is not prefilled (the page would be megabytes).
 MAX_PREFILL = 20_000
 #: Snippets carry at most this many values per input (and say so when they cut).
 SNIPPET_VALUES = 256
-
-
-def example_shape(shape: list | None) -> list[int]:
-    """Dynamic (-1) dimensions become 1; an unknown rank becomes a single element."""
-    if not shape:
-        return [1]
-    return [d if isinstance(d, int) and d > 0 else 1 for d in shape]
-
-
-def example_data(datatype: str, count: int) -> list:
-    if datatype == "BOOL":
-        return [i % 2 == 0 for i in range(count)]
-    if datatype == "BYTES":
-        return ["example"] * count
-    if datatype.startswith(("FP", "BF")):
-        return [round(((i * 7) % 11) / 10 - 0.5, 2) for i in range(count)]
-    return [i % 10 for i in range(count)]
 
 
 def example_inputs(signature: dict) -> list[dict]:

@@ -14,6 +14,26 @@ from serving.errors import InvalidInput
 DEFAULT_MAX_BATCH_SIZE = 32
 
 
+def example_shape(shape: list | None) -> list[int]:
+    """The shape of an example request tensor: dynamic (-1) dimensions become 1; an unknown
+    rank becomes a single element."""
+    if not shape:
+        return [1]
+    return [d if isinstance(d, int) and d > 0 else 1 for d in shape]
+
+
+def example_data(datatype: str, count: int) -> list:
+    """`count` deterministic example values of a v2 datatype, as a JSON request carries them
+    (the console's try-it form and the load test send the same)."""
+    if datatype == "BOOL":
+        return [i % 2 == 0 for i in range(count)]
+    if datatype == "BYTES":
+        return ["example"] * count
+    if datatype.startswith(("FP", "BF")):
+        return [round(((i * 7) % 11) / 10 - 0.5, 2) for i in range(count)]
+    return [i % 10 for i in range(count)]
+
+
 def batch_dimension(signature: dict) -> bool:
     """True when every input's first dimension is dynamic, so requests can be batched."""
     inputs = signature.get("inputs") or []

@@ -21,30 +21,19 @@ from django.conf import settings
 
 from registry.jobs.lease import JobFailed, Lease, LeaseLost
 from registry.models import Job
+from serving.signature import example_data, example_shape
 
 PROGRESS_EVERY = 0.5
 REQUEST_TIMEOUT = 30.0
-
-
-def example_value(datatype: str, i: int):
-    """The i-th generated element of a tensor (as console.tryit fills the try-it form)."""
-    if datatype == "BOOL":
-        return i % 2 == 0
-    if datatype == "BYTES":
-        return "example"
-    if datatype.startswith(("FP", "BF")):
-        return round(((i * 7) % 11) / 10 - 0.5, 2)
-    return i % 10
 
 
 def request_body(signature: dict) -> bytes:
     """One v2 JSON request from the signature: dynamic dimensions are 1, data deterministic."""
     inputs = []
     for tensor in signature.get("inputs") or []:
-        shape = [d if isinstance(d, int) and d > 0 else 1 for d in (tensor.get("shape") or [1])]
-        count = math.prod(shape)
+        shape = example_shape(tensor.get("shape"))
         inputs.append({"name": tensor["name"], "shape": shape, "datatype": tensor["datatype"],
-                       "data": [example_value(tensor["datatype"], i) for i in range(count)]})
+                       "data": example_data(tensor["datatype"], math.prod(shape))})
     return orjson.dumps({"inputs": inputs})
 
 
