@@ -168,8 +168,9 @@ def store() -> Check:
     return Check("Store", True, detail)
 
 
-def checks() -> list[Check]:
-    return [c for c in (database(), redis(), workers(), serving(), store()) if c is not None]
+def checks(db: Check | None = None) -> list[Check]:
+    """Every check; `db`: the database check when the caller already made it."""
+    return [c for c in (db or database(), redis(), workers(), serving(), store()) if c is not None]
 
 
 def overall(checks: list[Check]) -> str:

@@ -18,8 +18,8 @@ from .. import health
 register = template.Library()
 
 @register.inclusion_tag("console/partials/health_bar.html")
-def health_bar() -> dict:
-    checks = health.checks()
+def health_bar(db: health.Check | None = None) -> dict:
+    checks = health.checks(db)
     state = health.overall(checks)
     return {"checks": checks, "state": state, "all_ok": state == "ok"}
 

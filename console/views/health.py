@@ -21,12 +21,12 @@ def health_partial(request: HttpRequest) -> HttpResponse:
     if not database.ok:  # no session to read: say what is down, and only that
         return render(request, "console/partials/health_bar.html",
                       {"checks": [database], "all_ok": False})
-    return _health_partial(request)
+    return _health_partial(request, database)
 
 
 @requires("viewer")
-def _health_partial(request: HttpRequest) -> HttpResponse:
-    return render(request, "console/partials/health_bar.html", health_bar())
+def _health_partial(request: HttpRequest, database: health.Check) -> HttpResponse:
+    return render(request, "console/partials/health_bar.html", health_bar(database))
 
 
 @never_cache
@@ -35,7 +35,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
     """No sign-in (it names dependencies and states, nothing else). 200 while the console can
     work (its database answers), 503 with Retry-After when it cannot."""
     database = health.database()
-    checks = health.checks() if database.ok else [database]
+    checks = health.checks(database) if database.ok else [database]
     body = {"status": "ok" if all(c.ok for c in checks) else "degraded" if database.ok
             else "unavailable",
             "checks": {c.name.lower(): {"state": c.state, "detail": c.detail} for c in checks}}
