@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from tests.conftest import REPO
-from tests.replicas import free_port
+from tests.replicas import free_port, wait_until
 
 PG_BIN = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin"))), None)
 
@@ -41,16 +41,6 @@ def _as_postgres(cmd: list[str]) -> list[str]:
 INFER = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]}
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 class Redis:
     def __init__(self, root: Path):
         self.port, self.root = free_port(), root
@@ -62,7 +52,7 @@ class Redis:
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.root)],
             stdout=(self.root / "redis.log").open("ab"), stderr=subprocess.STDOUT)
-        wait_for(self.answers, 10, "redis to start")
+        wait_until(self.answers, 10, what="redis to start")
 
     def answers(self) -> bool:
         import redis
@@ -227,7 +217,8 @@ class Cluster:
         self.beat = Process("beat", [sys.executable, "-m", "celery", "-A", "console", "beat",
                                      "--loglevel=INFO", "-s", str(self.root / "beat-schedule")],
                             self.env(), self.root, self.repo).start()
-        wait_for(lambda: self.get("/api/v1/models/").status_code == 200, 60, "console to start")
+        wait_until(lambda: self.get("/api/v1/models/").status_code == 200, 60,
+                   what="console to start")
         return self
 
     def start_worker(self, name: str = "worker") -> Process:
@@ -235,8 +226,8 @@ class Cluster:
                                 "--concurrency=2", "--loglevel=INFO", "--without-gossip",
                                 "--without-mingle", "-n", f"{name}@%h"],
                          self.env(), self.root, self.repo).start()
-        wait_for(lambda: b"ready." in worker.log.read_bytes() or worker.proc.poll() is not None,
-                 60, f"{name} to start")
+        wait_until(lambda: b"ready." in worker.log.read_bytes() or worker.proc.poll() is not None,
+                   60, what=f"{name} to start")
         if worker.proc.poll() is not None:
             raise RuntimeError(worker.tail())
         return worker
@@ -256,8 +247,8 @@ class Cluster:
         """A new console process on the same port (after a kill9 or stop of the old one)."""
         old = self.console
         self.console = Process("console", old.cmd, old.env, self.root, self.repo).start()
-        wait_for(lambda: self.get("/api/v1/models/", timeout=5).status_code == 200, timeout,
-                 "console to start again")
+        wait_until(lambda: self.get("/api/v1/models/", timeout=5).status_code == 200, timeout,
+                   what="console to start again")
         return self.console
 
     def down(self) -> None:

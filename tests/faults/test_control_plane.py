@@ -17,6 +17,7 @@ import pytest
 from registry import samples
 from tests.faults import cluster as faults
 from tests.faults.models import slow_warmup
+from tests.replicas import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(240)]
 if not os.environ.get("REDIS_URL"):
@@ -65,8 +66,8 @@ def version(cluster, model: str, number: int = 1) -> dict:
 
 
 def wait_status(cluster, model: str, status: str, timeout: float) -> dict:
-    return faults.wait_for(lambda: (v := version(cluster, model)).get("status") == status and v,
-                           timeout, f"{model} to be {status}")
+    return wait_until(lambda: (v := version(cluster, model)).get("status") == status and v,
+                      timeout, what=f"{model} to be {status}")
 
 
 def checks(cluster) -> dict:
@@ -103,8 +104,8 @@ def test_hung_redis_never_wedges_the_console_and_it_recovers_by_itself(healthy):
             time.sleep(12)
         finally:
             c.redis.resume()
-        faults.wait_for(lambda: checks(c).get("redis", {}).get("state") == "ok", 30,
-                        "Redis to be seen again")
+        wait_until(lambda: checks(c).get("redis", {}).get("state") == "ok", 30,
+                   what="Redis to be seen again")
         stop.set()
     assert hung["redis"]["state"] == "degraded", hung
     assert r.status_code == 201, r.text  # the version exists, and the client is told why it waits
@@ -114,12 +115,13 @@ def test_hung_redis_never_wedges_the_console_and_it_recovers_by_itself(healthy):
     assert worst[1] < BOUND, worst
     assert {s[2] for s in slow} <= {200}, sorted({s[2] for s in slow})
     wait_status(c, "during-hang", "ready", LEASE + TICK + 30)  # queued again once Redis is back
-    faults.wait_for(lambda: checks(c)["workers"]["state"] == "ok", 40, "workers to be seen again")
+    wait_until(lambda: checks(c)["workers"]["state"] == "ok", 40,
+               what="workers to be seen again")
     # Nothing held on to: threads and database connections come back to their baseline.
-    faults.wait_for(lambda: c.console.threads() <= threads + 4, 30,
-                    f"console threads back to {threads} (now {c.console.threads()})")
-    faults.wait_for(lambda: c.pg.connections() <= connections + 4, 30,
-                    f"database connections back to {connections} (now {c.pg.connections()})")
+    wait_until(lambda: c.console.threads() <= threads + 4, 30,
+               what=f"console threads back to {threads} (now {c.console.threads()})")
+    wait_until(lambda: c.pg.connections() <= connections + 4, 30,
+               what=f"database connections back to {connections} (now {c.pg.connections()})")
 
 
 def test_upload_while_redis_is_down_is_validated_once_it_is_back(healthy):
@@ -163,16 +165,16 @@ def test_stopped_postgres_answers_503_with_retry_after_and_recovers(healthy):
     assert bar.status_code == 200 and "Database" in bar.text and "degraded" in bar.text
     logged = c.console.log.read_bytes()[log_before:].decode(errors="replace")
     assert "Traceback" not in logged, logged[-3000:]
-    faults.wait_for(lambda: c.get("/api/v1/models/").status_code == 200, 20,
-                    "the API to answer again after PostgreSQL is back")
+    wait_until(lambda: c.get("/api/v1/models/").status_code == 200, 20,
+               what="the API to answer again after PostgreSQL is back")
 
 
 def test_worker_killed_during_validation_is_validated_again_within_a_lease_and_a_tick(healthy):
     c = healthy
     r = upload(c, "slow", slow_warmup(seconds=6))
     assert r.status_code == 201, r.text
-    faults.wait_for(lambda: version(c, "slow")["validation_attempts"] == 1, 60,
-                    "the worker to start validating")
+    wait_until(lambda: version(c, "slow")["validation_attempts"] == 1, 60,
+               what="the worker to start validating")
     time.sleep(1)
     c.worker.kill9()  # the whole worker: main process and its pool
     killed = time.monotonic()
