@@ -332,9 +332,7 @@ class ServingApp:
             for suffix in (".tar.gz", ".onnx"):
                 if target.endswith(suffix) and target[: -len(suffix)] in routes:
                     return target[: -len(suffix)]
-            if not dp.started:
-                raise ReplicaStarting(dp.replica)
-            raise ModelNotFound(f"unknown model '{target}' (X-Amzn-SageMaker-Target-Model)")
+            raise dp.unknown_model(target, "X-Amzn-SageMaker-Target-Model")
         if len(routes) == 1:
             return next(iter(routes))
         if not dp.started:

@@ -161,12 +161,13 @@ class DataPlane:
             raise self.unknown_model(model)
         return route
 
-    def unknown_model(self, model: str) -> ServingError:
+    def unknown_model(self, model: str, named_by: str = "") -> ServingError:
         """A model no route names: 404 once the first table is in, 503 until then (a starting
-        replica cannot know yet whether it will serve the model)."""
+        replica cannot know yet whether it will serve the model). `named_by`: where the request
+        named it, when not in the path."""
         if not self.started:
             return ReplicaStarting(self.replica)
-        return ModelNotFound(f"unknown model '{model}'")
+        return ModelNotFound(f"unknown model '{model}'" + (f" ({named_by})" if named_by else ""))
 
     def _keyed(self, model: str, api_key: str | None) -> ModelRoute:
         """The model's route, once the caller showed its key (if it has keys), as infer asks."""
