@@ -134,14 +134,16 @@ def _run(declared: Task, kwargs: dict) -> None:
 @contextmanager
 def every(seconds: float, fn: Callable, *args) -> Iterator[None]:
     """Call fn(*args) every `seconds` on a thread while the block runs (a lease's heartbeat);
-    a failed call is logged and tried again on the next beat."""
+    a failed call is logged and tried again on the next beat; fn returning False ends the beat
+    (the lease is no longer ours)."""
     stop = threading.Event()
 
     def beat() -> None:
         try:
             while not stop.wait(seconds):
                 try:
-                    fn(*args)
+                    if fn(*args) is False:
+                        return
                 except Exception:
                     log.exception("heartbeat %s failed", getattr(fn, "__name__", fn))
         finally:

@@ -17,10 +17,11 @@ from datetime import datetime, timedelta
 
 import numpy as np
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from registry.audit import Actor, record
+from registry.background import every
 from registry.models import Job, JobKind, JobStatus, ModelVersion
 from registry.store.artifacts import default_store
 from serving.runtime import OnnxRuntime, select_providers
@@ -76,17 +77,14 @@ class Lease:
     def __init__(self, job: Job):
         self.job = job
         self.lost = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True,
-                                        name=f"mmc-lease-{job.pk}")
+        self._beat = every(lease_seconds() / 3, self._renew)
 
     def __enter__(self) -> Lease:
-        self._thread.start()
+        self._beat.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._beat.__exit__(None, None, None)
 
     def update(self, **fields) -> None:
         n = (Job.objects.filter(pk=self.job.pk, worker=self.job.worker, status=JobStatus.RUNNING)
@@ -96,17 +94,13 @@ class Lease:
         if self.lost:
             raise LeaseLost()
 
-    def _loop(self) -> None:
+    def _renew(self) -> bool:
+        """One heartbeat (registry.background.every); False once the job is no longer ours."""
         try:
-            while not self._stop.wait(lease_seconds() / 3):
-                try:
-                    self.update()
-                except LeaseLost:
-                    return
-                except Exception:  # a database hiccup: try again on the next beat
-                    log.exception("lease renewal of job %s failed", self.job.pk)
-        finally:
-            connections.close_all()  # this thread's own connection; it ends with the job
+            self.update()
+        except LeaseLost:
+            return False
+        return True
 
 
 def _set_finished(job: Job, status: str, now: datetime, **fields) -> None:
