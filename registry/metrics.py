@@ -10,15 +10,19 @@ tiers (`level`, see registry/metrics_retention.py): the last sample of each minu
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from datetime import UTC, datetime
+from itertools import groupby
 
+import numpy as np
+import orjson
 from django.conf import settings
-from django.db.models import Max, OuterRef, Subquery
+from django.db import connection
+from django.db.models import F, Max, TextField, Window
+from django.db.models.functions import Cast, RowNumber
 from django.utils import timezone
 
 from registry.models import MetricSample
-from serving.stats import LATENCY_BUCKETS_S, quantile_from_buckets
+from serving.stats import LATENCY_BUCKETS_S, quantile_from_buckets, quantiles_from_bucket_rows
 
 # Point width of each tier after the fine one (level 0 is METRICS_BUCKET_SECONDS wide).
 TIER_SECONDS = {1: 60, 2: 600}
@@ -46,8 +50,15 @@ def record_samples(replica: str, versions: dict[str, dict], *, now: float | None
             defaults={"at": at, "count": stats["count"], "errors": stats["errors"],
                       "latency_sum_s": stats.get("latency_sum_s", 0.0),
                       "latency_buckets": stats["latency_buckets"],
+                      "counting_since": _since(stats),
                       "shadow": state.get("shadow")},
         )
+
+
+def _since(stats: dict) -> datetime | None:
+    """When the replica's counters for the version started (older replicas do not say)."""
+    since = stats.get("since")
+    return datetime.fromtimestamp(since, tz=UTC) if since else None
 
 
 def _delta(new: MetricSample, old: MetricSample | None) -> tuple[int, int, list[int]]:
@@ -94,40 +105,104 @@ def version_window(model: str, version: int, since: datetime) -> dict:
 
 
 def version_series(model: str, version: int, *, seconds: int = 300, level: int = 0,
-                   now: float | None = None) -> list[dict]:
-    """Points (req/s, error rate, p50/p95/p99) for the last `seconds` at tier `level` (one
-    point per `point_seconds(level)`), for charts. Each point's rate is the sum over replicas of
-    the requests between two samples over the seconds actually between them."""
+                   now: float | None = None, step: int | None = None) -> list[dict]:
+    """Points (req/s, error rate, p50/p95/p99) for the last `seconds` at tier `level`, one
+    per `step` seconds (at least `point_seconds(level)`), for charts. Each point's rate is the
+    sum over replicas of the requests between two samples over the seconds actually between
+    them.
+
+    A week is thousands of samples per version: they are read as plain tuples and differenced
+    per replica as arrays, not as model instances one by one (bench/console.py)."""
     width = settings.METRICS_BUCKET_SECONDS
-    step = point_seconds(level)
+    step = max(step or 0, point_seconds(level))
     now = time.time() if now is None else now
     first = int(now - seconds) // step * step // width
     rows = MetricSample.objects.filter(model_name=model, version=version)
-    samples = list(rows.filter(bucket__gte=first, level__gte=level).order_by("replica", "bucket"))
+    # the histogram as its JSON text, decoded by orjson: Django's JSONField decoding of
+    # thousands of rows was the largest cost of a week's chart
+    fields = ("replica", "bucket", "at", "count", "errors",
+              Cast("latency_buckets", output_field=TextField()), "counting_since")
+    samples = list(rows.filter(bucket__gte=first, level__gte=level)
+                   .order_by("replica", "bucket").values_list(*fields))
+    if not samples:
+        return []
     # Baseline of each replica's first point: its newest sample before the window (heartbeats
-    # may skip buckets), found per replica through the unique (replica, model, version, bucket)
-    # index in one query. A replica with none started inside the window and counts from zero.
-    newest_older = (rows.filter(replica=OuterRef("replica"), bucket__lt=first)
-                    .order_by("-bucket").values("pk")[:1])
-    baselines = (rows.filter(bucket__gte=first).values("replica").distinct()
-                 .annotate(base=Subquery(newest_older)).values("base"))
-    previous: dict[str, MetricSample] = {s.replica: s for s in rows.filter(pk__in=baselines)}
-    per_point: dict[int, list] = defaultdict(lambda: [0, 0, [0] * (len(LATENCY_BUCKETS_S) + 1),
-                                                      defaultdict(lambda: [0, 0.0])])
-    for s in samples:
-        old = previous.get(s.replica)
-        previous[s.replica] = s
-        c, e, h = _delta(s, old)
-        acc = per_point[s.bucket * width // step * step]
-        acc[0] += c
-        acc[1] += e
-        acc[2] = [a + b for a, b in zip(acc[2], h, strict=False)]
-        mine = acc[3][s.replica]  # requests and seconds of this replica inside the point
-        mine[0] += c
-        mine[1] += (s.at - old.at).total_seconds() if old is not None else step
-    return [{"t": t, **_summary(c, e, h, step),
-             "rps": sum(n / span for n, span in spans.values() if span > 0)}
-            for t, (c, e, h, spans) in sorted(per_point.items())]
+    # may skip buckets), one indexed row per replica through the unique (replica, model, version,
+    # bucket) index, in one UNION query (a correlated subquery here was planned as a nested loop
+    # over the whole window on a freshly loaded table). A replica with none started inside the
+    # window and counts from zero.
+    older = rows.filter(bucket__lt=first)
+    if connection.features.supports_slicing_ordering_in_compound:
+        newest_older = [older.filter(replica=replica).order_by("-bucket").values_list(*fields)[:1]
+                        for replica in dict.fromkeys(row[0] for row in samples)]
+        found = newest_older[0].union(*newest_older[1:], all=True)
+    else:  # SQLite: no LIMIT inside a UNION; the newest per replica by a window instead
+        newest = Window(RowNumber(), partition_by=F("replica"), order_by=F("bucket").desc())
+        found = older.annotate(newest=newest).filter(newest=1).values_list(*fields)
+    previous = {row[0]: row for row in found}
+    buckets = len(LATENCY_BUCKETS_S) + 1
+    points, counts, errors, hists, rates = [], [], [], [], []
+    for replica, group in groupby(samples, key=lambda row: row[0]):
+        group = list(group)
+        base = previous.get(replica)
+        at = np.array([row[2].timestamp() for row in group])
+        count = np.array([row[3] for row in group], dtype=np.int64)
+        error = np.array([row[4] for row in group], dtype=np.int64)
+        hist = np.array([_padded(orjson.loads(row[5]), buckets) for row in group],
+                        dtype=np.int64)
+        if base is not None:
+            base_at, base_c, base_e = base[2].timestamp(), base[3], base[4]
+            base_h = np.array(_padded(orjson.loads(base[5]), buckets), dtype=np.int64)
+        else:
+            # none earlier: it counts from zero since its counters started (if it said when)
+            since = group[0][6]
+            base_at = since.timestamp() if since is not None else at[0] - step
+            base_c = base_e = 0
+            base_h = np.zeros(buckets, dtype=np.int64)
+        prev_c = np.concatenate(([base_c], count[:-1]))
+        prev_e = np.concatenate(([base_e], error[:-1]))
+        prev_h = np.vstack((base_h, hist[:-1]))
+        restarted = count < prev_c  # a drop: the replica restarted and counts from zero
+        dc = np.where(restarted, count, count - prev_c)
+        de = np.where(restarted, error, error - prev_e)
+        dh = np.where(restarted[:, None], hist, hist - prev_h)
+        span = at - np.concatenate(([base_at], at[:-1]))
+        point = np.array([row[1] for row in group], dtype=np.int64) * width // step * step
+        points.append(point)
+        counts.append(dc)
+        errors.append(de)
+        hists.append(dh)
+        # this replica's rate in each point: its requests there over the seconds they span
+        mine, inside = np.unique(point, return_inverse=True)
+        n = np.bincount(inside, weights=dc, minlength=len(mine))
+        took = np.bincount(inside, weights=span, minlength=len(mine))
+        rates.append((mine, np.divide(n, took, out=np.zeros(len(mine)), where=took > 0)))
+    t = np.concatenate(points)
+    keys, where = np.unique(t, return_inverse=True)
+    total_c = np.bincount(where, weights=np.concatenate(counts), minlength=len(keys))
+    total_e = np.bincount(where, weights=np.concatenate(errors), minlength=len(keys))
+    total_h = np.zeros((len(keys), buckets), dtype=np.int64)
+    np.add.at(total_h, where, np.concatenate(hists))
+    total_rate = np.zeros(len(keys))
+    for mine, rate in rates:
+        total_rate[np.searchsorted(keys, mine)] += rate
+    quantiles = {name: quantiles_from_bucket_rows(LATENCY_BUCKETS_S, total_h, q) * 1000
+                 for name, q in (("p50_ms", 0.50), ("p95_ms", 0.95), ("p99_ms", 0.99))}
+    out = []
+    for i, key in enumerate(keys.tolist()):
+        n, e = int(total_c[i]), int(total_e[i])
+        point = {"t": key, "count": n, "errors": e, "error_rate": e / n if n else 0.0,
+                 "rps": float(total_rate[i])}
+        for name, values in quantiles.items():
+            point[name] = None if np.isnan(values[i]) else round(float(values[i]), 3)
+        out.append(point)
+    return out
+
+
+def _padded(hist: list[int] | None, size: int) -> list[int]:
+    """A sample's histogram at the current bucket count (an empty one reads as zeros)."""
+    hist = list(hist or ())
+    return (hist + [0] * size)[:size]
 
 
 def versions_recorded(model: str, *, seconds: int, level: int = 0,

@@ -304,6 +304,9 @@ class MetricSample(models.Model):
     errors = models.BigIntegerField(default=0)
     latency_sum_s = models.FloatField(default=0)
     latency_buckets = models.JSONField(default=list)
+    counting_since = models.DateTimeField(
+        null=True, blank=True, help_text="when the replica's counters for this version started: "
+                                         "the span of its first sample")
     shadow = models.JSONField(null=True, blank=True)
     level = models.PositiveSmallIntegerField(
         default=0, help_text="history tier: 1 = last sample of its minute, 2 = of its 10 minutes "

@@ -12,6 +12,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
+import numpy as np
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.utils import floatToGoString
@@ -49,6 +50,28 @@ def quantile_from_buckets(
     return float(bounds_s[-1])
 
 
+def quantiles_from_bucket_rows(bounds_s: Sequence[float], rows: np.ndarray,
+                               q: float) -> np.ndarray:
+    """quantile_from_buckets for every row of a (points x buckets) count matrix at once (a
+    week's chart has thousands of points); NaN where a row has no observations."""
+    rows = np.asarray(rows, dtype=np.float64)
+    bounds = np.asarray(bounds_s, dtype=np.float64)
+    total = rows.sum(axis=1)
+    rank = min(max(q, 0.0), 1.0) * total
+    cum = np.cumsum(rows, axis=1)
+    hit = (rows > 0) & (cum >= rank[:, None])
+    idx = np.where(hit.any(axis=1), hit.argmax(axis=1), len(bounds))
+    inside = np.minimum(idx, len(bounds) - 1)
+    lo = np.where(inside > 0, bounds[np.maximum(inside - 1, 0)], 0.0)
+    hi = bounds[inside]
+    count = rows[np.arange(len(rows)), np.minimum(idx, rows.shape[1] - 1)]
+    seen = cum[np.arange(len(rows)), np.minimum(idx, rows.shape[1] - 1)] - count
+    frac = np.divide(np.maximum(rank - seen, 0.0), count, out=np.zeros(len(rows)),
+                     where=count > 0)
+    value = np.where(idx >= len(bounds), bounds[-1], lo + (hi - lo) * frac)
+    return np.where(total > 0, value, np.nan)
+
+
 class VersionStats:
     """Cumulative counters for one loaded model version (Triton statistics extension names).
 
@@ -62,7 +85,7 @@ class VersionStats:
         "success_count", "success_ns", "fail_count", "fail_ns", "queue_count", "queue_ns",
         "compute_input_count", "compute_input_ns", "compute_infer_count", "compute_infer_ns",
         "compute_output_count", "compute_output_ns", "inference_count", "execution_count",
-        "batch_stats", "pending", "latency_counts", "latency_sum_ns",
+        "batch_stats", "pending", "latency_counts", "latency_sum_ns", "since",
     )
 
     def __init__(self, model: str, version: str) -> None:
@@ -82,6 +105,7 @@ class VersionStats:
         self.pending = 0  # requests queued and not yet executing (set by the batcher)
         self.latency_counts: list[int] = [0] * (len(_BOUNDS_NS) + 1)
         self.latency_sum_ns = 0
+        self.since = time.time()  # when these counters started: a first sample's span
 
     # -- recording (hot path) -------------------------------------------------------------
 
@@ -136,6 +160,7 @@ class VersionStats:
             "model": self.model,
             "version": self.version,
             "at": time.time(),
+            "since": self.since,
             "count": self.success_count + self.fail_count,
             "errors": self.fail_count,
             "rows": self.inference_count,

@@ -119,3 +119,22 @@ def test_compaction_run_every_minute_keeps_what_one_late_run_keeps():
     assert stepwise == sorted(MetricSample.objects.values_list("bucket", "level"))
     points = version_series("fraud", 1, seconds=2 * 3600, level=1, now=T0)
     assert all(p["rps"] == pytest.approx(5.0, abs=0.01) for p in points)
+
+
+def test_a_new_replicas_first_point_reads_its_rate_from_when_its_counters_started():
+    """A replica that starts inside the chart has no earlier sample: its first point's requests
+    are over the seconds since its counters started, not over a nominal bucket."""
+    started = T0 - 61.0
+    for t in (T0 - 59.0, T0 - 57.0, T0 - 55.0):  # 2 s, then every 2 s, at 10 req/s
+        body = stats(round(10.0 * (t - started)))
+        body["stats"]["since"] = started
+        record_samples("fresh", {"fraud:1": body}, now=t)
+    first = version_series("fraud", 1, seconds=120, now=T0)[0]
+    assert first["count"] == 40  # its bucket keeps the later of the first two heartbeats
+    assert first["rps"] == pytest.approx(10.0, abs=0.01)
+
+
+def test_a_replica_that_does_not_say_when_it_started_reads_over_one_bucket():
+    record_samples("old-replica", {"fraud:1": stats(20)}, now=T0 - 59.0)
+    first = version_series("fraud", 1, seconds=120, now=T0)[0]
+    assert first["rps"] == pytest.approx(20 / 5)

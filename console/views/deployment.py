@@ -38,23 +38,25 @@ from .access import requires, run_service
 from .models import found
 
 
-# The chart range picker: seconds shown, history tier read (registry/metrics_retention.py) and
-# how often the charts redraw (a week's chart changes once a minute at most).
+# The chart range picker: seconds shown, history tier read (registry/metrics_retention.py),
+# seconds one chart point covers (at most ~360 points: a 308 px plot cannot show more) and how
+# often the charts redraw (a week's chart changes once a minute at most).
 @dataclass(frozen=True)
 class ChartRange:
     key: str
     label: str
     seconds: int
     level: int
+    point: int
     poll: str
 
 
 RANGES = {r.key: r for r in (
-    ChartRange("15m", "15 min", 900, 0, "2s"),
-    ChartRange("1h", "1 hour", 3600, 0, "5s"),
-    ChartRange("6h", "6 hours", 6 * 3600, 1, "30s"),
-    ChartRange("24h", "24 hours", 24 * 3600, 1, "60s"),
-    ChartRange("7d", "7 days", 7 * 24 * 3600, 2, "60s"),
+    ChartRange("15m", "15 min", 900, 0, 0, "2s"),  # one point per bucket
+    ChartRange("1h", "1 hour", 3600, 0, 10, "5s"),
+    ChartRange("6h", "6 hours", 6 * 3600, 1, 60, "30s"),
+    ChartRange("24h", "24 hours", 24 * 3600, 1, 300, "60s"),
+    ChartRange("7d", "7 days", 7 * 24 * 3600, 2, 1800, "60s"),
 )}
 DEFAULT_RANGE = "15m"
 # Audit actions drawn as markers on the charts, with what each marker says.
@@ -178,13 +180,14 @@ def chart_context(model_name: str, ep, picked: ChartRange | None = None) -> dict
     first) and those no longer routed (promoted over, rolled back), which keep their line."""
     picked = picked or RANGES[DEFAULT_RANGE]
     now = time.time()
-    width = metrics.point_seconds(picked.level)
+    width = max(picked.point, metrics.point_seconds(picked.level))
     serving = [(v.number, role) for v, role in serving_versions(ep)]
     numbers = {n for n, _ in serving}
     retired = [(n, "retired") for n in metrics.versions_recorded(
         model_name, seconds=picked.seconds, level=picked.level, now=now) if n not in numbers]
     series = [charts.Series(label=f"v{n} {role}", points=complete_buckets(metrics.version_series(
-                  model_name, n, seconds=picked.seconds, level=picked.level, now=now), now, width))
+                  model_name, n, seconds=picked.seconds, level=picked.level, now=now,
+                  step=width), now, width))
               for n, role in serving + retired]
     events = rollout_events(model_name, timezone.now() - timedelta(seconds=picked.seconds))
     return {"charts": charts.version_charts(series, seconds=picked.seconds, now=now,
