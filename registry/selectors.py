@@ -25,7 +25,7 @@ from registry.models import (
     ReplicaHeartbeat,
     VersionStatus,
 )
-from serving.ratelimit import PROCESS_STORE, RedisQuotaStore, quota_key, utc_day
+from serving.ratelimit import PROCESS_STORE, quota_key, quota_store, utc_day
 
 log = logging.getLogger(__name__)
 
@@ -143,18 +143,15 @@ def quota_usage(model_name: str, key_prefixes: list[str]) -> dict[str | None, in
     start when a quota is set; empty when the store does not answer."""
     day = utc_day(timezone.now().timestamp())
     names = {quota_key(model_name, p, day): p for p in [None, *key_prefixes]}
+    store = quota_store(settings.REDIS_URL, timeout=USAGE_TIMEOUT_SECONDS)
     try:
-        if settings.REDIS_URL:
-            store = RedisQuotaStore(settings.REDIS_URL, timeout=USAGE_TIMEOUT_SECONDS)
-            try:
-                counts = store.read(list(names))
-            finally:
-                store.close()
-        else:
-            counts = PROCESS_STORE.read(list(names))
+        counts = store.read(list(names))
     except Exception as exc:  # noqa: BLE001 - a page without today's counts, not a 500
         log.warning("cannot read today's quota counts: %s: %s", type(exc).__name__, exc)
         return {}
+    finally:
+        if store is not PROCESS_STORE:
+            store.close()
     return {names[k]: v for k, v in counts.items()}
 
 

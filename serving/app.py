@@ -29,12 +29,7 @@ from serving.errors import (
     ServingError,
 )
 from serving.limits import BodyReader, RequestLimits
-from serving.ratelimit import (
-    DEFAULT_SYNC_SECONDS,
-    PROCESS_STORE,
-    Admission,
-    RedisQuotaStore,
-)
+from serving.ratelimit import DEFAULT_SYNC_SECONDS, Admission, quota_store
 from serving.reconciler import Reconciler
 from serving.routes import DEFAULT_MAX_OUTPUT_BYTES, DesiredStateSource
 from serving.stats import ServingCollector, render_metrics
@@ -431,9 +426,8 @@ def create_app(source: DesiredStateSource, *, replica: str,
     """The serving ASGI app over `source`; mount it at /v2, /ping, /invocations, /metrics.
     Lifespan startup starts the reconciler (or the first request does, if no lifespan)."""
     settings = settings or ServingSettings.from_env()
-    store = (RedisQuotaStore(settings.quota_redis_url) if settings.quota_redis_url
-             else PROCESS_STORE)
-    admission = Admission(store=store, sync_seconds=settings.quota_sync_seconds)
+    admission = Admission(store=quota_store(settings.quota_redis_url),
+                          sync_seconds=settings.quota_sync_seconds)
     dataplane = DataPlane(replica=replica, max_output_bytes=settings.max_output_bytes,
                           admission=admission)
     reconciler = Reconciler(

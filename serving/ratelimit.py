@@ -202,6 +202,12 @@ class RedisQuotaStore:
 PROCESS_STORE = LocalQuotaStore()
 
 
+def quota_store(redis_url: str, *, timeout: float = REDIS_TIMEOUT_SECONDS,
+                ) -> LocalQuotaStore | RedisQuotaStore:
+    """Where daily counts live: Redis when there is one (clustered), else this process."""
+    return RedisQuotaStore(redis_url, timeout=timeout) if redis_url else PROCESS_STORE
+
+
 class QuotaCounter:
     """What this replica knows of each day's counts: the cluster's total at the last sync
     (`known`) plus what it admitted since (`pending`)."""

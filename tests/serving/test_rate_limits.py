@@ -6,70 +6,22 @@ while that Redis is down or hung. Replicas run in process with clocks the specs 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import signal
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
-import onnx
 import pytest
 
-from registry import samples
-from registry.signatures import extract_signature
-from serving.app import ServingApp, ServingSettings
-from serving.dataplane import DataPlane
-from serving.ratelimit import Admission, Limits, PredictKey, RedisQuotaStore, quota_key
-from serving.reconciler import Reconciler
-from serving.routes import BatchingConfig, DesiredState, ModelRoute, VersionSpec, api_key_hash
+from serving.ratelimit import Limits, PredictKey, RedisQuotaStore, quota_key
+from serving.routes import DesiredState, ModelRoute, api_key_hash
+from tests.inprocess_replica import Clock, InProcessReplica, mlp_state
 from tests.replicas import free_port, wait_until
 
-ROW = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.25] * 64}]}
 FAST, OTHER = "mmck_fast-key-secret", "mmck_other-key-secret"
 #: One second before a UTC midnight.
 LATE = datetime(2031, 5, 6, 23, 59, 59, tzinfo=UTC).timestamp()
-
-
-class Clock:
-    """A clock the spec moves by hand."""
-
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class Source:
-    """A fixed desired state (what the registry would ship)."""
-
-    def __init__(self, state: DesiredState) -> None:
-        self.state = state
-
-    def revision(self) -> int:
-        return self.state.revision
-
-    def fetch(self) -> DesiredState:
-        return self.state
-
-    def report(self, observed) -> None:
-        pass
-
-    def subscribe(self, callback) -> None:
-        pass
-
-
-def state(tmp: Path, route: ModelRoute) -> DesiredState:
-    data = samples.mlp(seed=0)
-    path = tmp / "m-1.onnx"
-    path.write_bytes(data)
-    spec = VersionSpec(model="m", version="1", artifact_path=str(path),
-                       sha256=hashlib.sha256(data).hexdigest(),
-                       signature=extract_signature(onnx.load_from_string(data)),
-                       batching=BatchingConfig(max_batch_size=8), intra_op_threads=1)
-    return DesiredState(1, {"m": route}, {spec.key: spec})
 
 
 def keyed(**limits) -> ModelRoute:
@@ -80,36 +32,14 @@ def keyed(**limits) -> ModelRoute:
                             other: PredictKey("mmck_other-")})
 
 
-class Replica:
-    def __init__(self, name: str, state: DesiredState, *, store=None, wall: Clock | None = None,
-                 mono: Clock | None = None) -> None:
-        self.wall, self.mono = wall or Clock(LATE - 3600), mono or Clock(1000.0)
-        # syncs happen when the spec says (sync_seconds far away)
-        self.admission = Admission(store=store, clock=self.wall, monotonic=self.mono,
-                                   sync_seconds=3600)
-        self.dataplane = DataPlane(replica=name, admission=self.admission)
-        self.reconciler = Reconciler(Source(state), self.dataplane, poll_seconds=3600,
-                                     heartbeat_seconds=3600, intra_op_threads=1)
-        self.app = ServingApp(self.dataplane, self.reconciler, ServingSettings())
-        self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app),
-                                      base_url="http://replica")
+def Replica(name: str, desired: DesiredState, *, store=None, wall: Clock | None = None,
+            mono: Clock | None = None) -> InProcessReplica:
+    return InProcessReplica(name, desired, store=store, wall=wall or Clock(LATE - 3600),
+                            mono=mono)
 
-    async def start(self) -> Replica:
-        await self.reconciler.reconcile()
-        return self
 
-    async def infer(self, key: str | None = None, path: str = "/v2/models/m/infer",
-                    **headers) -> httpx.Response:
-        if key:
-            headers["X-Api-Key"] = key
-        return await self.http.post(path, json=ROW, headers=headers)
-
-    async def sync(self) -> None:
-        await self.admission.sync(self.dataplane.table.routes)
-
-    async def stop(self) -> None:
-        await self.app.shutdown()
-        await self.reconciler.stop()
+def state(tmp: Path, route: ModelRoute) -> DesiredState:
+    return mlp_state(tmp, route)
 
 
 def run(coro):
