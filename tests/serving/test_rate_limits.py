@@ -12,11 +12,12 @@ import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 
 from serving.ratelimit import Limits, PredictKey, RedisQuotaStore, quota_key
 from serving.routes import DesiredState, ModelRoute, api_key_hash
-from tests.inprocess_replica import Clock, InProcessReplica, mlp_state
+from tests.inprocess_replica import ROW, Clock, InProcessReplica, mlp_state
 from tests.replicas import free_port, wait_until
 
 FAST, OTHER = "mmck_fast-key-secret", "mmck_other-key-secret"
@@ -222,3 +223,44 @@ def test_requests_are_served_while_redis_is_down_or_hung_and_counted_after(tmp_p
             back.wait()
 
     run(main())
+
+
+def test_two_serving_processes_share_one_daily_count_in_redis(tmp_path, redis_server):
+    """Real `mmc-serve --model-repository` processes, the limits from config.json."""
+    from test_app import Server, write_model
+
+    from registry import samples
+
+    root = tmp_path / "models"
+    write_model(root, "mlp", "1", samples.mlp(), {"max_batch_size": 8, "api_keys": [
+        {"sha256": api_key_hash(FAST), "label": "fast", "daily_quota": 6}]})
+    servers = [Server(root, REDIS_URL=redis_server.url, MMC_QUOTA_SYNC_SECONDS="0.05")
+               for _ in range(2)]
+    day = datetime.now(UTC).strftime("%Y-%m-%d")
+    counter = quota_key("mlp", "fast", day)
+    admitted = [0, 0]
+    try:
+        for server in servers:
+            server.wait_ready()
+
+        def infer(i: int) -> httpx.Response:
+            r = httpx.post(f"{servers[i].url}/v2/models/mlp/infer", json=ROW,
+                           headers={"X-Api-Key": FAST}, timeout=10)
+            admitted[i] += r.status_code == 200
+            return r
+
+        assert [infer(i).status_code for i in (0, 0, 0, 1, 1, 1)] == [200] * 6
+        wait_until(lambda: int(redis_server.client.get(counter) or 0) >= 6, 20,
+                   what="both replicas' counts in Redis")
+        for i in (0, 1):
+            refused = wait_until(lambda i=i: (r := infer(i)).status_code == 429 and r, 20,
+                                 interval=0.3, what=f"replica {i} to refuse")
+            assert "daily quota of predict key fast" in refused.json()["error"]
+            assert 0 < int(refused.headers["retry-after"]) <= 86_400
+        # one count: each replica alone admitted less than the quota, together all of it
+        assert admitted[0] < 6 and admitted[1] < 6
+        wait_until(lambda: int(redis_server.client.get(counter)) == sum(admitted), 20,
+                   what="every admission counted once")
+    finally:
+        for server in servers:
+            server.stop()
