@@ -130,6 +130,14 @@ class TokenBuckets:
     def take(self, name: object, limits: Limits, now: float) -> None:
         self._state[name] = (self.tokens(name, limits, now) - 1.0, now)
 
+    def set(self, name: object, tokens: float, now: float) -> None:
+        self._state[name] = (tokens, now)
+
+    def give(self, name: object, limits: Limits) -> None:
+        """Undo one `take` (the request was refused by another limit after all)."""
+        tokens, at = self._state[name]
+        self._state[name] = (min(limits.capacity, tokens + 1.0), at)
+
     def keep_only(self, names: set) -> None:
         for name in [n for n in self._state if n not in names]:
             del self._state[name]
@@ -289,50 +297,72 @@ class Admission:
         self.requests: dict[tuple[str, str], int] = {}  # (model, key label) -> admitted
         self.rejected: dict[tuple[str, str, str], int] = {}  # (+ reason) -> refused
         self._task: asyncio.Task | None = None
+        self._stopping: asyncio.Event | None = None
         self._syncing = False
+        self._day_number, self._day = -1, ""
 
     def admit(self, model: str, endpoint: Limits, key: PredictKey | None) -> None:
         """Let the request in (taking its tokens and counting it) or raise RateLimited; nothing
-        is taken unless every limit lets it in."""
+        is taken unless every limit lets it in. Messages are only built for a refusal."""
         label = key.label if key is not None else NO_KEY
-        checks = []
-        if key is not None and key.limits.rps > 0:
-            checks.append(((model, label), key.limits, KEY_RATE,
-                           f"predict key {label}… of model '{model}'"))
-        if endpoint.rps > 0:
-            checks.append((model, endpoint, ENDPOINT_RATE, f"model '{model}'"))
-        now = self.monotonic()
-        for name, limits, reason, who in checks:
-            wait = self.buckets.wait(name, limits, now)
-            if wait > 0:
-                self._refuse(model, label, reason, f"rate limit of {who} exceeded: "
-                             f"{limits.rps:g} requests per second (burst {limits.capacity:g}) "
-                             "on each replica", math.ceil(wait))
-        counters = []
-        if (key is not None and key.limits.daily_quota > 0) or endpoint.daily_quota > 0:
+        mine = key.limits if key is not None else NO_LIMITS
+        if mine.rps > 0 or endpoint.rps > 0:
+            now, buckets = self.monotonic(), self.buckets
+            mine_left = endpoint_left = 0.0
+            if mine.rps > 0:
+                mine_left = buckets.tokens((model, label), mine, now)
+                if mine_left < 1.0:
+                    self._refuse(model, label, KEY_RATE,
+                                 math.ceil((1.0 - mine_left) / mine.rps), mine)
+            if endpoint.rps > 0:
+                endpoint_left = buckets.tokens(model, endpoint, now)
+                if endpoint_left < 1.0:
+                    self._refuse(model, label, ENDPOINT_RATE,
+                                 math.ceil((1.0 - endpoint_left) / endpoint.rps), endpoint)
+            if mine.rps > 0:
+                buckets.set((model, label), mine_left - 1.0, now)
+            if endpoint.rps > 0:
+                buckets.set(model, endpoint_left - 1.0, now)
+        if mine.daily_quota > 0 or endpoint.daily_quota > 0:
             wall = self.clock()
-            day = utc_day(wall)
-            if key is not None and key.limits.daily_quota > 0:
-                counters.append((quota_key(model, label, day), key.limits.daily_quota, KEY_QUOTA,
-                                 f"predict key {label}… of model '{model}'"))
+            day = self._today(wall)
+            counters = []
+            if mine.daily_quota > 0:
+                counters.append((quota_key(model, label, day), mine, KEY_QUOTA))
             if endpoint.daily_quota > 0:
-                counters.append((quota_key(model, None, day), endpoint.daily_quota,
-                                 ENDPOINT_QUOTA, f"model '{model}'"))
-            for counter, quota, reason, who in counters:
-                if self.quota.count(counter) >= quota:
-                    self._refuse(model, label, reason, f"daily quota of {who} used up: {quota} "
-                                 f"requests per UTC day; it resets at 00:00 UTC",
-                                 seconds_to_midnight(wall))
-        for name, limits, _, _ in checks:
-            self.buckets.take(name, limits, now)
-        for counter, *_ in counters:
-            self.quota.add(counter)
+                counters.append((quota_key(model, None, day), endpoint, ENDPOINT_QUOTA))
+            for counter, limits, reason in counters:
+                if self.quota.count(counter) >= limits.daily_quota:
+                    self._untake(model, label, mine, endpoint)
+                    self._refuse(model, label, reason, seconds_to_midnight(wall), limits)
+            for counter, _, _ in counters:
+                self.quota.add(counter)
         self.requests[(model, label)] = self.requests.get((model, label), 0) + 1
 
-    def _refuse(self, model: str, label: str, reason: str, message: str,
-                retry_after: int) -> None:
+    def _untake(self, model: str, label: str, mine: Limits, endpoint: Limits) -> None:
+        """Give back the tokens a request took before a quota refused it."""
+        for name, limits in (((model, label), mine), (model, endpoint)):
+            if limits.rps > 0:
+                self.buckets.give(name, limits)
+
+    def _today(self, wall: float) -> str:
+        number = int(wall // DAY)
+        if number != self._day_number:
+            self._day_number, self._day = number, utc_day(wall)
+        return self._day
+
+    def _refuse(self, model: str, label: str, reason: str, retry_after: int,
+                limits: Limits) -> None:
         k = (model, label, reason)
         self.rejected[k] = self.rejected.get(k, 0) + 1
+        who = f"predict key {label}… of model '{model}'" if reason in (KEY_RATE, KEY_QUOTA) \
+            else f"model '{model}'"
+        if reason in (KEY_RATE, ENDPOINT_RATE):
+            message = (f"rate limit of {who} exceeded: {limits.rps:g} requests per second "
+                       f"(burst {limits.capacity:g}) on each replica")
+        else:
+            message = (f"daily quota of {who} used up: {limits.daily_quota} requests per UTC "
+                       "day; it resets at 00:00 UTC")
         raise RateLimited(message, reason=reason, retry_after=retry_after)
 
     # -- the background sync ------------------------------------------------------------------
@@ -361,21 +391,25 @@ class Admission:
 
     def start(self, routes: Callable[[], dict]) -> None:
         if self._task is None:
+            self._stopping = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._loop(routes))
 
     async def _loop(self, routes: Callable[[], dict]) -> None:
-        while True:
-            await asyncio.sleep(self.sync_seconds)
+        while not self._stopping.is_set():
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self.sync_seconds)
+            except TimeoutError:
+                pass
             try:
                 await self.sync(routes())
             except Exception:  # noqa: BLE001 - never let the loop die
                 log.exception("quota sync failed")
 
     async def stop(self) -> None:
-        """Stop the loop and flush what is pending (best effort, bounded by the timeout)."""
+        """Stop the loop after its last sync, which adds what is still pending (bounded by
+        the store's timeout). Not cancelled mid-sync: a sync whose answer is lost would add the
+        same admissions again."""
         if self._task is not None:
-            self._task.cancel()
+            self._stopping.set()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        if self.quota.pending:
-            await self.quota.sync(())

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving.ratelimit import Limits, PredictKey, RedisQuotaStore, quota_key
+from serving.ratelimit import Admission, Limits, PredictKey, RateLimited, RedisQuotaStore, quota_key
 from serving.routes import DesiredState, ModelRoute, api_key_hash
 from tests.inprocess_replica import ROW, Clock, InProcessReplica, mlp_state
 from tests.replicas import free_port, wait_until
@@ -264,3 +264,22 @@ def test_two_serving_processes_share_one_daily_count_in_redis(tmp_path, redis_se
     finally:
         for server in servers:
             server.stop()
+
+
+def test_a_refused_request_takes_nothing_from_any_limit():
+    wall, mono = Clock(LATE - 5), Clock(50.0)
+    admission = Admission(clock=wall, monotonic=mono)
+    key = PredictKey("k1", Limits(rps=1, burst=2))
+    endpoint = Limits(daily_quota=1)
+    admission.admit("m", endpoint, key)  # one token left, the day's one request used
+    for _ in range(3):
+        with pytest.raises(RateLimited) as refused:
+            admission.admit("m", endpoint, key)
+        assert refused.value.reason == "endpoint_quota" and refused.value.retry_after == 6
+    wall.t = LATE + 1  # a new day; the monotonic clock has not moved
+    admission.admit("m", endpoint, key)  # the token the refusals did not take
+    with pytest.raises(RateLimited) as refused:
+        admission.admit("m", Limits(), key)
+    assert refused.value.reason == "key_rate"
+    assert admission.requests == {("m", "k1"): 2}
+    assert admission.rejected == {("m", "k1", "endpoint_quota"): 3, ("m", "k1", "key_rate"): 1}
