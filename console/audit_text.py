@@ -29,6 +29,7 @@ SIMPLE = {
     "user.sso_login": "signed in with single sign-on as {target}",
     "apikey.create": "created a predict key for {model}",
     "apikey.revoke": "revoked a predict key of {model}",
+    "limits.set": "changed the rate limits of {model}",
     "webhook.create": "created webhook {target}", "webhook.update": "changed webhook {target}",
     "webhook.delete": "deleted webhook {target}", "webhook.test": "sent a test to webhook {target}",
     "dataset.upload": "uploaded dataset {target}", "job.cancel": "cancelled job {short}",

@@ -232,6 +232,24 @@ class PredictKeyForm(forms.Form):
                            help_text="who uses it, e.g. checkout-service")
 
 
+class LimitsForm(forms.Form):
+    """An endpoint's or a key's limits (0: none); maxima are the limits service's to check."""
+
+    rps = forms.FloatField(min_value=0, label="Requests per second",
+                           help_text="per replica (token bucket); 0: no limit")
+    burst = forms.IntegerField(min_value=0, label="Burst",
+                               help_text="requests let through at once; 0: ceil(rps)")
+    daily_quota = forms.IntegerField(min_value=0, label="Daily quota",
+                                     help_text="requests per UTC day, all replicas; 0: none")
+
+    @classmethod
+    def of(cls, row, prefix: str) -> LimitsForm:
+        """The form filled in with `row`'s current limits (ids start with `prefix`)."""
+        return cls(auto_id=f"{prefix}-%s", initial={
+            "rps": row.rate_limit_rps if row else 0, "burst": row.rate_limit_burst if row else 0,
+            "daily_quota": row.daily_quota if row else 0})
+
+
 class LoadTestForm(forms.Form):
     """A load test of the version page's version; the service checks bounds and the rules."""
 

@@ -19,6 +19,7 @@ from registry.choices import (  # re-exported here
     VersionStatus,
 )
 from registry.routing import RolloutState, Routing
+from serving.ratelimit import Limits
 
 SLUG = RegexValidator(
     r"^[a-z0-9][a-z0-9_.-]{0,99}$",
@@ -142,7 +143,24 @@ class Alias(models.Model):
         constraints = [models.UniqueConstraint(fields=["model", "name"], name="alias_unique")]
 
 
-class Endpoint(models.Model):
+class RateLimits(models.Model):
+    """Requests per second (a token bucket on each replica), its burst, and a daily quota counted
+    cluster-wide per UTC day; 0 means none. Set through registry.services.limits."""
+
+    rate_limit_rps = models.FloatField(default=0)
+    rate_limit_burst = models.PositiveIntegerField(default=0)  # 0: ceil(rps)
+    daily_quota = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        abstract = True
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(rps=self.rate_limit_rps, burst=self.rate_limit_burst,
+                      daily_quota=self.daily_quota)
+
+
+class Endpoint(RateLimits):
     """Desired routing for one model: stable, weighted candidate, blue/green slots, shadow."""
 
     model = models.OneToOneField(RegisteredModel, on_delete=models.CASCADE, related_name="endpoint")
@@ -171,6 +189,8 @@ class Endpoint(models.Model):
     class Meta:
         constraints = [
             models.CheckConstraint(condition=Q(candidate_weight__lte=100), name="weight_le_100"),
+            models.CheckConstraint(condition=Q(rate_limit_rps__gte=0),
+                                   name="endpoint_rps_not_negative"),
         ]
 
     @property
@@ -201,7 +221,7 @@ class RouteRevision(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
 
-class EndpointApiKey(models.Model):
+class EndpointApiKey(RateLimits):
     """A key applications send to /infer when the endpoint requires one; only its hash is kept."""
 
     endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="api_keys")
@@ -212,6 +232,10 @@ class EndpointApiKey(models.Model):
                                    related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(rate_limit_rps__gte=0),
+                                              name="apikey_rps_not_negative")]
 
 
 class ReplicaHeartbeat(models.Model):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -24,6 +25,9 @@ from registry.models import (
     ReplicaHeartbeat,
     VersionStatus,
 )
+from serving.ratelimit import PROCESS_STORE, quota_key, quota_store, utc_day
+
+log = logging.getLogger(__name__)
 
 
 def model_list() -> QuerySet[RegisteredModel]:
@@ -98,10 +102,13 @@ def endpoint_get(model: RegisteredModel) -> Endpoint | None:
 @dataclass(frozen=True)
 class EndpointAccess:
     """Who may call an endpoint's /infer: its active predict keys, and whether this installation
-    requires a key everywhere (MMC_REQUIRE_PREDICT_KEYS)."""
+    requires a key everywhere (MMC_REQUIRE_PREDICT_KEYS); and the endpoint's limits with today's
+    use (each key carries its own as `used_today`; None: the count store did not answer)."""
 
     keys: list[EndpointApiKey]
     required: bool
+    endpoint: Endpoint | None = None
+    used_today: int | None = None
 
     @property
     def protected(self) -> bool:
@@ -117,7 +124,35 @@ def endpoint_access(endpoint: Endpoint | None) -> EndpointAccess:
     keys = [] if endpoint is None else list(
         endpoint.api_keys.filter(revoked_at__isnull=True).select_related("created_by")
         .order_by("-created_at", "-id"))
-    return EndpointAccess(keys=keys, required=settings.REQUIRE_PREDICT_KEYS)
+    quotas = [k.prefix for k in keys if k.daily_quota]
+    used = (quota_usage(endpoint.model.name, quotas)
+            if endpoint is not None and (quotas or endpoint.daily_quota) else {})
+    for key in keys:
+        key.used_today = used.get(key.prefix)
+    return EndpointAccess(keys=keys, required=settings.REQUIRE_PREDICT_KEYS, endpoint=endpoint,
+                          used_today=used.get(None))
+
+
+#: How long a page waits for Redis to say today's counts before showing them as unknown.
+USAGE_TIMEOUT_SECONDS = 0.5
+
+
+def quota_usage(model_name: str, key_prefixes: list[str]) -> dict[str | None, int]:
+    """Requests counted today (UTC) against the daily quotas of the endpoint (None) and of each
+    key, as replicas count them: in Redis when clustered, in this process when embedded. Counts
+    start when a quota is set; empty when the store does not answer."""
+    day = utc_day(timezone.now().timestamp())
+    names = {quota_key(model_name, p, day): p for p in [None, *key_prefixes]}
+    store = quota_store(settings.REDIS_URL, timeout=USAGE_TIMEOUT_SECONDS)
+    try:
+        counts = store.read(list(names))
+    except Exception as exc:  # noqa: BLE001 - a page without today's counts, not a 500
+        log.warning("cannot read today's quota counts: %s: %s", type(exc).__name__, exc)
+        return {}
+    finally:
+        if store is not PROCESS_STORE:
+            store.close()
+    return {names[k]: v for k, v in counts.items()}
 
 
 def token_list(*, user=None) -> QuerySet[ApiToken]:

@@ -32,6 +32,7 @@ from registry.routing import Routing
 from registry.services import endpoint_deploy
 from registry.store.artifacts import default_store
 from serving.errors import Conflict, Forbidden, InvalidInput, ModelNotFound, Unauthorized
+from serving.ratelimit import NO_LIMITS, Limits, PredictKey
 from serving.routes import BatchingConfig, DesiredState, ModelRoute, ObservedState, VersionSpec
 
 log = logging.getLogger(__name__)
@@ -73,10 +74,12 @@ def build_desired_state() -> DesiredState:
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         revision = current_revision()
         endpoints = list(Endpoint.objects.select_related("model"))
-        keys: dict[int, set[str]] = {}
-        for endpoint_id, key_hash in EndpointApiKey.objects.filter(
-                revoked_at__isnull=True).values_list("endpoint_id", "key_hash"):
-            keys.setdefault(endpoint_id, set()).add(key_hash)
+        keys: dict[int, dict[str, PredictKey]] = {}
+        for key in EndpointApiKey.objects.filter(revoked_at__isnull=True).only(
+                "endpoint_id", "key_hash", "prefix", "rate_limit_rps", "rate_limit_burst",
+                "daily_quota"):
+            keys.setdefault(key.endpoint_id, {})[key.key_hash] = PredictKey(key.prefix,
+                                                                            key.limits)
         routings = {ep.pk: Routing.of(ep, now=now) for ep in endpoints}
         wanted = set().union(*(r.referenced() for r in routings.values()))
         versions = {v.pk: v for v in ModelVersion.objects.select_related("model").filter(
@@ -84,8 +87,8 @@ def build_desired_state() -> DesiredState:
     routes, specs = {}, {}
     for ep in endpoints:
         ready = routings[ep.pk].map(versions.get)  # a version not (or no longer) ready drops out
-        route = model_route(ep.model.name, ready, frozenset(keys.get(ep.pk, ())),
-                            keys_required=settings.REQUIRE_PREDICT_KEYS)
+        route = model_route(ep.model.name, ready, keys.get(ep.pk, {}),
+                            keys_required=settings.REQUIRE_PREDICT_KEYS, limits=ep.limits)
         if not route.versions():
             continue
         routes[route.model] = route
@@ -95,15 +98,17 @@ def build_desired_state() -> DesiredState:
     return DesiredState(revision=revision, routes=routes, versions=specs)
 
 
-def model_route(model: str, routing: Routing[ModelVersion], api_key_hashes: frozenset[str], *,
-                keys_required: bool = False) -> ModelRoute:
-    """The data plane's route for one model: the one place registry routing meets serving's."""
+def model_route(model: str, routing: Routing[ModelVersion], keys: dict[str, PredictKey], *,
+                keys_required: bool = False, limits: Limits = NO_LIMITS) -> ModelRoute:
+    """The data plane's route for one model: the one place registry routing meets serving's.
+    `keys`: the active predict keys by hash, each with its label (prefix) and limits."""
     ref = routing.map(lambda v: str(v.number))
     return ModelRoute(
         model=model, stable=ref.stable, candidate=ref.candidate,
         candidate_weight=ref.candidate_weight if ref.candidate else 0,
         blue=ref.blue, green=ref.green, live_color=ref.live_color or None, shadow=ref.shadow,
-        warm=ref.warm, api_key_hashes=api_key_hashes, keys_required=keys_required)
+        warm=ref.warm, api_key_hashes=frozenset(keys), keys_required=keys_required,
+        limits=limits, keys=dict(keys))
 
 
 class RegistrySource:

@@ -29,6 +29,7 @@ from serving.errors import (
     ServingError,
 )
 from serving.limits import BodyReader, RequestLimits
+from serving.ratelimit import DEFAULT_SYNC_SECONDS, Admission, quota_store
 from serving.reconciler import Reconciler
 from serving.routes import DEFAULT_MAX_OUTPUT_BYTES, DesiredStateSource
 from serving.stats import ServingCollector, render_metrics
@@ -65,6 +66,10 @@ class ServingSettings:
     # SIGTERM: answer (not ready, `Connection: close`) this long at most before the listener
     # closes; less once no connection is open (serving.cli.DrainingServer)
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
+    # Daily quotas: counted in this Redis, shared by all replicas (REDIS_URL; empty: in this
+    # process), synced every quota_sync_seconds (serving.ratelimit)
+    quota_redis_url: str = ""
+    quota_sync_seconds: float = DEFAULT_SYNC_SECONDS
 
     @classmethod
     def from_env(cls, env: dict | None = None) -> ServingSettings:
@@ -78,6 +83,9 @@ class ServingSettings:
             max_output_bytes=int(e.get("MMC_MAX_OUTPUT_BYTES", cls.max_output_bytes)),
             limits=RequestLimits.from_env(e),
             drain_seconds=float(e.get("MMC_DRAIN_SECONDS") or cls.drain_seconds),
+            quota_redis_url=e.get("REDIS_URL", ""),
+            quota_sync_seconds=float(e.get("MMC_QUOTA_SYNC_SECONDS")
+                                     or cls.quota_sync_seconds),
         )
 
 
@@ -89,7 +97,7 @@ class _Metrics:
         self.collector = ServingCollector(dataplane.replica, dataplane.all_stats)
 
     def collect(self):
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         dp = self.dataplane
         yield from self.collector.collect()
@@ -108,6 +116,26 @@ class _Metrics:
             if s.compared_rows:
                 shadow.add_metric([model, s.version], s.argmax_agree / s.compared_rows)
         yield shadow
+        admission = dp.admission
+        requests = CounterMetricFamily(
+            "mmc_predict_requests", "Inference requests let in by the rate limits and quotas, "
+            "per predict key (its prefix; 'none': an endpoint without keys)",
+            labels=["model", "key", "replica"])
+        for (model, key), n in list(admission.requests.items()):
+            requests.add_metric([model, key, dp.replica], n)
+        yield requests
+        rejected = CounterMetricFamily(
+            "mmc_predict_rejected", "Inference requests refused with 429, per predict key and "
+            "reason (key_rate, endpoint_rate, key_quota, endpoint_quota)",
+            labels=["model", "key", "reason", "replica"])
+        for (model, key, reason), n in list(admission.rejected.items()):
+            rejected.add_metric([model, key, reason, dp.replica], n)
+        yield rejected
+        store_up = GaugeMetricFamily(
+            "mmc_quota_store_up", "0 while the shared quota store (Redis) does not answer and "
+            "daily quotas are counted on this replica only", labels=["replica"])
+        store_up.add_metric([dp.replica], 0 if admission.quota.unreachable else 1)
+        yield store_up
 
 
 class ServingApp:
@@ -136,6 +164,8 @@ class ServingApp:
         async with self._start_lock:
             if not self._started and self.reconciler is not None:
                 await self.reconciler.start()
+            if not self._started:
+                self.dataplane.admission.start(lambda: self.dataplane.table.routes)
             self._started = True
 
     def begin_drain(self) -> None:
@@ -146,6 +176,8 @@ class ServingApp:
         """Stop following the source, release the models and leave the source (last)."""
         if self._started and self.reconciler is not None:
             await self.reconciler.stop()
+        if self._started:
+            await self.dataplane.admission.stop()
         self._started = False
 
     # -- ASGI --------------------------------------------------------------------------------
@@ -394,7 +426,10 @@ def create_app(source: DesiredStateSource, *, replica: str,
     """The serving ASGI app over `source`; mount it at /v2, /ping, /invocations, /metrics.
     Lifespan startup starts the reconciler (or the first request does, if no lifespan)."""
     settings = settings or ServingSettings.from_env()
-    dataplane = DataPlane(replica=replica, max_output_bytes=settings.max_output_bytes)
+    admission = Admission(store=quota_store(settings.quota_redis_url),
+                          sync_seconds=settings.quota_sync_seconds)
+    dataplane = DataPlane(replica=replica, max_output_bytes=settings.max_output_bytes,
+                          admission=admission)
     reconciler = Reconciler(
         source, dataplane, poll_seconds=settings.poll_seconds,
         heartbeat_seconds=settings.heartbeat_seconds,

@@ -30,6 +30,7 @@ from serving.errors import (
     ServingError,
     Unauthorized,
 )
+from serving.ratelimit import Admission
 from serving.routes import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DesiredStateSource,
@@ -125,8 +126,11 @@ class DataPlane:
     """Model metadata, readiness, inference, statistics and the repository index."""
 
     def __init__(self, *, replica: str,
-                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> None:
+                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+                 admission: Admission | None = None) -> None:
         self.replica = replica
+        # rate limits and daily quotas, and the per-key request counts (serving.ratelimit)
+        self.admission = admission or Admission()
         self.max_output_bytes = max_output_bytes  # for versions that set no budget of their own
         self.table: RouteTable = EMPTY_TABLE
         self.started = False  # a first route table has been installed
@@ -241,8 +245,8 @@ class DataPlane:
         route = table.routes.get(model)
         if route is None:
             raise self.unknown_model(model)
-        if route.protected:
-            _authorize(route, api_key)
+        key_hash = _authorize(route, api_key) if route.protected else None
+        self.admission.admit(model, route.limits, route.key(key_hash))
         if version is None:
             version = route.pick(routing_key)
             lv = table.loaded.get((model, version)) if version is not None else None
@@ -506,7 +510,8 @@ def _opens(route: ModelRoute | None, api_key: str | None) -> bool:
     return bool(api_key) and api_key_hash(api_key) in route.api_key_hashes
 
 
-def _authorize(route: ModelRoute, api_key: str | None) -> None:
+def _authorize(route: ModelRoute, api_key: str | None) -> str:
+    """The hash of the caller's key, once it is one of the route's; else 401."""
     if not route.api_key_hashes:  # keys are required here, and this endpoint has none yet
         raise Unauthorized(f"model '{route.model}' has no predict key and this server requires "
                            "one for every model: create a key for its endpoint (console "
@@ -514,5 +519,7 @@ def _authorize(route: ModelRoute, api_key: str | None) -> None:
     if not api_key:
         raise Unauthorized(f"model '{route.model}' needs an API key "
                            "(Authorization: Bearer <key> or X-Api-Key)")
-    if api_key_hash(api_key) not in route.api_key_hashes:
+    key_hash = api_key_hash(api_key)
+    if key_hash not in route.api_key_hashes:
         raise Unauthorized(f"API key not accepted for model '{route.model}'")
+    return key_hash

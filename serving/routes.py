@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from serving.errors import NotSupported
+from serving.ratelimit import NO_LIMITS, Limits, PredictKey
 
 #: A replica's default output budget per request and version (MMC_MAX_OUTPUT_BYTES): the
 #: largest answer a request may make a model produce. 256 MiB holds a batch of 8 FP32
@@ -82,6 +83,16 @@ class ModelRoute:
     # The registry requires predict keys everywhere (MMC_REQUIRE_PREDICT_KEYS): a route without
     # keys then refuses every request instead of being open.
     keys_required: bool = False
+    # Rate limit and daily quota of the whole endpoint (serving.ratelimit), and each key's label
+    # and limits by its hash (a hash missing here is a key without limits).
+    limits: Limits = NO_LIMITS
+    keys: dict[str, PredictKey] = field(default_factory=dict, hash=False)
+
+    def key(self, key_hash: str | None) -> PredictKey | None:
+        """The key behind an accepted hash (None: the endpoint is open, no key was needed)."""
+        if key_hash is None:
+            return None
+        return self.keys.get(key_hash) or PredictKey(label=key_hash[:8])
 
     @property
     def protected(self) -> bool:

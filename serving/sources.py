@@ -7,7 +7,9 @@ config.json keys (all optional): max_batch_size, preferred_batch_sizes, max_queu
 max_queue_size, instance_count, intra_op_threads, max_output_bytes (0: the replica's
 default, $MMC_MAX_OUTPUT_BYTES), trt_precision (fp32|fp16; engines are cached
 under $MMC_TRT_CACHE_DIR or <root>/.trt-cache), stable (default: the highest version),
-candidate + candidate_weight, shadow, api_key_sha256 (list of hex digests). Every version found
+candidate + candidate_weight, shadow, api_key_sha256 (list of hex digests), limits ({rps, burst,
+daily_quota}: the endpoint's, serving.ratelimit), api_keys (list of {sha256, label, rps, burst,
+daily_quota}: keys with a label and limits of their own). Every version found
 is loaded (pinnable); unpinned traffic goes to the stable (and candidate). Load/unload through
 the v2 repository API is not offered: edit the folder (or use the registry).
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import orjson
 
+from serving.ratelimit import Limits, PredictKey
 from serving.routes import (
     BatchingConfig,
     DesiredState,
@@ -37,6 +40,30 @@ _MODEL_FILE = "model.onnx"
 
 def _version_order(name: str) -> tuple[int, int | str]:
     return (0, int(name)) if name.isdigit() else (1, name)
+
+
+def _limits(doc: dict, model_dir: Path) -> Limits:
+    """Limits from config.json (rps, burst, daily_quota; each optional, 0: none)."""
+    try:
+        limits = Limits(rps=float(doc.get("rps", 0)), burst=int(doc.get("burst", 0)),
+                        daily_quota=int(doc.get("daily_quota", 0)))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{model_dir}/config.json: bad limits {doc!r}: {exc}") from None
+    if min(limits.rps, limits.burst, limits.daily_quota) < 0:
+        raise ValueError(f"{model_dir}/config.json: limits must be 0 (none) or more: {doc!r}")
+    return limits
+
+
+def _keys(docs: list, model_dir: Path) -> dict[str, PredictKey]:
+    """config.json's api_keys: [{sha256, label, rps, burst, daily_quota}], by sha256."""
+    keys = {}
+    for doc in docs:
+        if type(doc) is not dict or not isinstance(doc.get("sha256"), str):
+            raise ValueError(f"{model_dir}/config.json: each of api_keys needs a sha256 "
+                             f"(hex digest of the key), got {doc!r}")
+        keys[doc["sha256"]] = PredictKey(str(doc.get("label") or doc["sha256"][:8]),
+                                         _limits(doc, model_dir))
+    return keys
 
 
 class RepositorySource(ReadOnlySource):
@@ -85,6 +112,7 @@ class RepositorySource(ReadOnlySource):
                 continue
             for version in found:
                 versions[(model, version)] = self._spec(model, version, model_dir, config)
+            keys = _keys(config.get("api_keys") or [], model_dir)
             stable = str(config.get("stable") or found[-1])
             candidate = config.get("candidate")
             shadow = config.get("shadow")
@@ -96,7 +124,9 @@ class RepositorySource(ReadOnlySource):
                 candidate_weight=int(config.get("candidate_weight", 0)),
                 shadow=str(shadow) if shadow is not None else None,
                 warm=tuple(v for v in found if v not in referenced),
-                api_key_hashes=frozenset(config.get("api_key_sha256", ())),
+                api_key_hashes=frozenset(config.get("api_key_sha256", ())) | frozenset(keys),
+                limits=_limits(config.get("limits") or {}, model_dir),
+                keys=keys,
             )
         return DesiredState(revision=revision, routes=routes, versions=versions)
 

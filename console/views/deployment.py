@@ -27,6 +27,7 @@ from .. import charts
 from ..forms import (
     BlueGreenDeployForm,
     CanaryForm,
+    LimitsForm,
     PredictKeyForm,
     ReasonForm,
     RollbackForm,
@@ -306,9 +307,13 @@ def render_deployment(request: HttpRequest, name: str, *, new_key: dict | None =
     model = found(selectors.model_get, name)
     ep = selectors.endpoint_get(model)
     context = live_context(request, model, ep)  # the charts load right after, from their partial
+    access = selectors.endpoint_access(ep)
+    for key in access.keys:
+        key.limits_form = LimitsForm.of(key, f"kl-{key.prefix}")
     context.update(controls_context(request, model, ep), nav="models",
-                   access=selectors.endpoint_access(ep), new_key=new_key,
-                   key_form=key_form or PredictKeyForm(auto_id="key-%s"))
+                   access=access, new_key=new_key,
+                   key_form=key_form or PredictKeyForm(auto_id="key-%s"),
+                   limits_form=LimitsForm.of(ep, "limits"))
     context.update(chart_range=chart_range(request), ranges=RANGES.values())
     response = render(request, "console/deployment.html", context, status=status)
     if new_key:

@@ -1,16 +1,19 @@
 """Predict keys of one endpoint, on its deployment page: create (shown once) and revoke, through
-the same services as the API's /endpoint/keys/."""
+the same services as the API's /endpoint/keys/; and the rate limits and daily quotas of the
+endpoint and of each key (the API's /endpoint/limits/ and /endpoint/keys/<prefix>/limits/)."""
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from registry.services import access
+from registry.services.limits import limits_set
 
-from ..forms import PredictKeyForm
+from ..forms import LimitsForm, PredictKeyForm
 from .access import requires, run_service
 from .deployment import render_deployment
 
@@ -37,3 +40,24 @@ def key_revoke(request: HttpRequest, name: str, prefix: str) -> HttpResponse:
                 success=f"Predict key {prefix}… revoked: replicas refuse it once they apply "
                         "the change.")
     return redirect(reverse("console:deployment", kwargs={"name": name}) + "#keys")
+
+
+@require_POST
+@requires(write="engineer")
+def limits_update(request: HttpRequest, name: str, prefix: str | None = None) -> HttpResponse:
+    """Set the endpoint's limits (no prefix) or one key's; a refusal re-renders the page (400)
+    with what was wrong."""
+    form = LimitsForm(request.POST)
+    whose = f"predict key {prefix}…" if prefix else "the endpoint"
+    if not form.is_valid():
+        for field, errors in form.errors.items():
+            messages.error(request, f"Limits of {whose}: {form.fields[field].label}: "
+                                    f"{' '.join(errors)}")
+        return render_deployment(request, name, status=400)
+    done = run_service(request, limits_set, model_name=name, key_prefix=prefix,
+                       success=f"Limits of {whose} saved: replicas apply them with the next "
+                               "route revision.", **form.cleaned_data)
+    if done is None:
+        return render_deployment(request, name, status=400)
+    anchor = f"#key-{prefix}" if prefix else "#limits"
+    return redirect(reverse("console:deployment", kwargs={"name": name}) + anchor)

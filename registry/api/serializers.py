@@ -1,4 +1,5 @@
 from django.urls import reverse
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from registry.choices import ApprovalState, GraphOptimizationLevel
@@ -214,6 +215,38 @@ class ConvergenceSerializer(serializers.Serializer):
     lost = serializers.IntegerField(help_text="lost replicas (no heartbeat recently)")
 
 
+class LimitsSerializer(serializers.Serializer):
+    """An endpoint's or key's rate limit and daily quota (0: none), and today's count."""
+
+    rps = serializers.FloatField(help_text="requests per second on each replica (token bucket); "
+                                           "0: no rate limit")
+    burst = serializers.IntegerField(help_text="bucket size: requests let through at once "
+                                               "(0: ceil(rps))")
+    daily_quota = serializers.IntegerField(help_text="requests per UTC day, counted across all "
+                                                     "replicas; 0: no quota")
+    used_today = serializers.IntegerField(read_only=True, allow_null=True, help_text=(
+        "requests counted today (UTC) against the daily quota; null without a quota or when "
+        "the count store does not answer"))
+
+
+def limits_body(row, used: dict, label) -> dict:
+    """`row`'s limits as LimitsSerializer says them, with today's count from `used`."""
+    return {"rps": row.rate_limit_rps, "burst": row.rate_limit_burst,
+            "daily_quota": row.daily_quota,
+            "used_today": used.get(label) if row.daily_quota else None}
+
+
+class LimitsSetSerializer(serializers.Serializer):
+    """Limits to change; those left out keep their values (checked by the limits service)."""
+
+    rps = serializers.FloatField(required=False, help_text="0 to 1000000; 0: no rate limit")
+    burst = serializers.IntegerField(required=False, help_text="0 to 10000000; 0: ceil(rps)")
+    daily_quota = serializers.IntegerField(required=False,
+                                           help_text="0 to 10**12 a UTC day; 0: no quota")
+    reason = serializers.CharField(required=False, allow_blank=True, default="",
+                                   max_length=500)
+
+
 class EndpointSerializer(serializers.Serializer):
     """An endpoint's routing (registry.routing.Routing) with version numbers. A model that was
     never deployed answers the same shape, empty (an unsaved Endpoint: revision 0, no
@@ -239,6 +272,11 @@ class EndpointSerializer(serializers.Serializer):
     updated_at = serializers.DateTimeField(allow_null=True)
     convergence = ConvergenceSerializer(required=False, help_text=(
         "with ?wait on a change: whether every live replica applied it"))
+    limits = serializers.SerializerMethodField()
+
+    @extend_schema_field(LimitsSerializer)
+    def get_limits(self, obj) -> dict:
+        return limits_body(obj, self.context.get("used", {}), None)
 
     def get_state(self, obj) -> str:
         return obj.routing.state
@@ -251,9 +289,15 @@ class EndpointSerializer(serializers.Serializer):
 
 
 class ApiKeySerializer(serializers.ModelSerializer):
+    limits = serializers.SerializerMethodField()
+
     class Meta:
         model = EndpointApiKey
-        fields = ["name", "prefix", "created_at", "revoked_at"]
+        fields = ["name", "prefix", "created_at", "revoked_at", "limits"]
+
+    @extend_schema_field(LimitsSerializer)
+    def get_limits(self, obj) -> dict:
+        return limits_body(obj, self.context.get("used", {}), obj.prefix)
 
 
 class NameSerializer(serializers.Serializer):

@@ -26,6 +26,7 @@ from registry.api.serializers import (
     AuditEventSerializer,
     DeploySerializer,
     EndpointSerializer,
+    LimitsSetSerializer,
     MeSerializer,
     ModelCreateSerializer,
     ModelSerializer,
@@ -337,7 +338,9 @@ class AliasDetailView(APIView):
 
 def endpoint_response(name: str, request, revision: int | None = None) -> Response:
     model = selectors.model_get(name)
-    body = EndpointSerializer(selectors.endpoint_get(model) or Endpoint(model=model)).data
+    endpoint = selectors.endpoint_get(model) or Endpoint(model=model)
+    used = selectors.quota_usage(name, []) if endpoint.daily_quota else {}
+    body = EndpointSerializer(endpoint, context={"used": used}).data
     seconds = wait_seconds(request)
     if seconds is not None and revision is not None:
         body["convergence"] = wait_for_revision(revision, seconds)
@@ -360,12 +363,25 @@ class EndpointDeployView(APIView):
         return endpoint_response(name, request, ep.revision)
 
 
+class EndpointLimitsView(APIView):
+    @extend_schema(request=LimitsSetSerializer, responses=EndpointSerializer, parameters=[WAIT])
+    def put(self, request, name):
+        """Set the endpoint's rate limit (per replica) and daily quota (cluster-wide); limits
+        left out keep their values, 0 removes one."""
+        data = valid(LimitsSetSerializer, request.data)
+        reason = data.pop("reason")
+        services.limits_set(model_name=name, actor=actor(request), reason=reason, **data)
+        return endpoint_response(name, request, current_revision())
+
+
 class ApiKeyListView(APIView):
     @extend_schema(responses=ApiKeySerializer(many=True))
     def get(self, request, name):
         ep = selectors.endpoint_get(selectors.model_get(name))
-        keys = ep.api_keys.all() if ep else []
-        return Response(ApiKeySerializer(keys, many=True).data)
+        keys = list(ep.api_keys.all()) if ep else []
+        used = selectors.quota_usage(name, [k.prefix for k in keys if k.daily_quota]) \
+            if any(k.daily_quota for k in keys) else {}
+        return Response(ApiKeySerializer(keys, many=True, context={"used": used}).data)
 
     @extend_schema(request=NameSerializer, responses={201: ApiKeyCreatedSerializer})
     def post(self, request, name):
@@ -381,6 +397,19 @@ class ApiKeyDetailView(APIView):
     def delete(self, request, name, prefix):
         services.api_key_revoke(model_name=name, prefix=prefix, actor=actor(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ApiKeyLimitsView(APIView):
+    @extend_schema(request=LimitsSetSerializer, responses=ApiKeySerializer)
+    def put(self, request, name, prefix):
+        """Set one active key's rate limit (per replica) and daily quota (cluster-wide);
+        limits left out keep their values, 0 removes one."""
+        data = valid(LimitsSetSerializer, request.data)
+        reason = data.pop("reason")
+        key = services.limits_set(model_name=name, key_prefix=prefix, actor=actor(request),
+                                  reason=reason, **data)
+        used = selectors.quota_usage(name, [prefix]) if key.daily_quota else {}
+        return Response(ApiKeySerializer(key, context={"used": used}).data)
 
 
 class AuditListView(generics.ListAPIView):
@@ -421,5 +450,5 @@ class ReplicaDetailView(APIView):
 JSON_ONLY = [JSONParser]
 for _view in (ModelListView, ModelDetailView, ModelArchiveView, VersionDetailView,
               VersionApproveView, VersionRejectView, VersionConvertView, AliasDetailView,
-              EndpointDeployView, ApiKeyListView):
+              EndpointDeployView, ApiKeyListView, EndpointLimitsView, ApiKeyLimitsView):
     _view.parser_classes = JSON_ONLY

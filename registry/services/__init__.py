@@ -18,6 +18,7 @@ from registry.services.catalog import (
     model_update,
 )
 from registry.services.deployments import endpoint_deploy, endpoint_for_update, endpoint_state
+from registry.services.limits import limits_set
 from registry.services.rollouts import (
     analysis_advance,
     analysis_hold,
@@ -44,7 +45,8 @@ __all__ = [
     "canary_promote", "canary_start", "canary_weight", "endpoint_state", "rollback",
     "shadow_start", "shadow_stop",
     "alias_remove", "alias_set", "api_key_create", "api_key_revoke", "endpoint_deploy",
-    "endpoint_for_update", "ensure_roles", "model_archive", "model_create", "model_update",
+    "endpoint_for_update", "ensure_roles", "limits_set", "model_archive", "model_create",
+    "model_update",
     "role_from_groups", "sso_sign_in", "token_create", "token_login", "token_revoke",
     "version_approve", "version_configure", "version_describe", "version_reject",
     "version_upload",
