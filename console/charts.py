@@ -99,7 +99,7 @@ class Event:
 
 def line_chart(key: str, title: str, unit: str, scale: float, series: list[Series], *,
                seconds: int = 300, now: float | None = None,
-               events: list[Event] = ()) -> dict:
+               events: list[Event] = (), end_label: str = "now") -> dict:
     """Geometry for one chart: what templates/console/partials/chart.html draws."""
     now = time.time() if now is None else now
     start = now - seconds
@@ -143,7 +143,7 @@ def line_chart(key: str, title: str, unit: str, scale: float, series: list[Serie
         })
 
     y_ticks = [{"y": round(y_of(top * f), 1), "label": fmt(top * f)} for f in (0, 0.5, 1)]
-    x_ticks = [{"x": round(x_of(now - back), 1), "label": ago(back) if back else "now"}
+    x_ticks = [{"x": round(x_of(now - back), 1), "label": ago(back) if back else end_label}
                for back in x_tick_times(seconds)]
     marks = [{"n": e.n, "x": round(x_of(e.t), 1), "text": e.text}
              for e in events if start <= e.t <= now]
@@ -160,10 +160,11 @@ def line_chart(key: str, title: str, unit: str, scale: float, series: list[Serie
 
 
 def version_charts(series: list[Series], *, seconds: int = 300, now: float | None = None,
-                   events: list[Event] = ()) -> list[dict]:
+                   events: list[Event] = (), end_label: str = "now") -> list[dict]:
     """The deployment page's five charts, every version on each (candidate next to stable),
     the rollout events marked on each."""
     for i, s in enumerate(series):
         s.style = STYLES[i % len(STYLES)]
-    return [line_chart(key, title, unit, scale, series, seconds=seconds, now=now, events=events)
+    return [line_chart(key, title, unit, scale, series, seconds=seconds, now=now, events=events,
+                       end_label=end_label)
             for key, title, unit, scale in METRICS]

@@ -122,7 +122,8 @@ def version_series(model: str, version: int, *, seconds: int = 300, level: int =
     # thousands of rows was the largest cost of a week's chart
     fields = ("replica", "bucket", "at", "count", "errors",
               Cast("latency_buckets", output_field=TextField()), "counting_since")
-    samples = list(rows.filter(bucket__gte=first, level__gte=level)
+    last = int(now) // width  # a custom range may end in the past
+    samples = list(rows.filter(bucket__gte=first, bucket__lte=last, level__gte=level)
                    .order_by("replica", "bucket").values_list(*fields))
     if not samples:
         return []
@@ -210,8 +211,9 @@ def versions_recorded(model: str, *, seconds: int, level: int = 0,
     """Every version with samples at tier `level` in the last `seconds`: retired ones too."""
     now = time.time() if now is None else now
     first = int(now - seconds) // settings.METRICS_BUCKET_SECONDS
+    last = int(now) // settings.METRICS_BUCKET_SECONDS
     return sorted(set(MetricSample.objects.filter(model_name=model, bucket__gte=first,
-                                                  level__gte=level)
+                                                  bucket__lte=last, level__gte=level)
                       .values_list("version", flat=True).distinct()), reverse=True)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from urllib.parse import urlencode
 
 from django import forms
 from django.conf import settings
@@ -14,6 +15,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET, require_POST
 
 from registry import metrics, selectors, services
@@ -50,6 +52,16 @@ class ChartRange:
     level: int
     point: int
     poll: str
+    end: float | None = None  # a custom range ends here (unix seconds); the others end now
+    start_text: str = ""      # a custom range's bounds as typed (datetime-local)
+    end_text: str = ""
+
+    @property
+    def query(self) -> str:
+        """The query string that picks this range again (polls and the page's own URL)."""
+        if self.key == "custom":
+            return urlencode({"range": "custom", "from": self.start_text, "to": self.end_text})
+        return urlencode({"range": self.key})
 
 
 RANGES = {r.key: r for r in (
@@ -59,6 +71,55 @@ RANGES = {r.key: r for r in (
     ChartRange("24h", "24 hours", 24 * 3600, 1, 300, "60s"),
     ChartRange("7d", "7 days", 7 * 24 * 3600, 2, 1800, "60s"),
 )}
+MAX_POINTS = 360  # a 308 px plot shows no more
+NICE_POINTS = (5, 10, 30, 60, 120, 300, 600, 1800, 3600, 3 * 3600)
+
+
+class ChartRangeError(ValueError):
+    """A custom range that cannot be drawn; the message says why."""
+
+
+def custom_range(start_text: str, end_text: str, *, now: float | None = None) -> ChartRange:
+    """From/to as typed in the picker (the console's time zone): the finest tier that still
+    holds the start, and a point width that keeps the chart under MAX_POINTS."""
+    now = time.time() if now is None else now
+    bounds = []
+    for name, text in (("from", start_text), ("to", end_text)):
+        try:
+            moment = parse_datetime(text or "")
+        except ValueError:
+            moment = None
+        if moment is None:
+            raise ChartRangeError(f"custom range: '{name}' must be a date and time such as "
+                                  f"2026-11-23T14:00, not {text!r}")
+        if timezone.is_naive(moment):
+            moment = timezone.make_aware(moment)
+        bounds.append(moment.timestamp())
+    start, end = bounds
+    if end <= start:
+        raise ChartRangeError("custom range: 'from' must be before 'to'")
+    if end - start < 60:
+        raise ChartRangeError("custom range: pick at least one minute")
+    if start < now - settings.METRICS_RETENTION_SECONDS:
+        days = settings.METRICS_RETENTION_SECONDS / 86400
+        raise ChartRangeError(f"custom range: history is kept for {days:g} days; "
+                              f"'from' is older than that")
+    end = min(end, now)
+    seconds = int(end - start)
+    if start >= now - settings.METRICS_FINE_SECONDS:
+        level = 0
+    elif start >= now - settings.METRICS_MINUTE_SECONDS:
+        level = 1
+    else:
+        level = 2
+    want = seconds / MAX_POINTS
+    point = next((p for p in NICE_POINTS if p >= want), NICE_POINTS[-1])
+    label = " – ".join(timezone.localtime(datetime.fromtimestamp(t, tz=UTC)).strftime(
+        "%d %b %H:%M") for t in (start, end))
+    return ChartRange("custom", label, seconds, level, point, "600s", end=end,
+                      start_text=start_text, end_text=end_text)
+
+
 DEFAULT_RANGE = "15m"
 # Audit actions drawn as markers on the charts, with what each marker says.
 ROLLOUT_EVENTS = {
@@ -154,6 +215,10 @@ def complete_buckets(points: list[dict], now: float, width: float | None = None)
 
 
 def chart_range(request: HttpRequest) -> ChartRange:
+    """The range picked by ?range= (an unknown one reads as the default); a custom one raises
+    ChartRangeError saying what is wrong with its bounds."""
+    if request.GET.get("range") == "custom":
+        return custom_range(request.GET.get("from", ""), request.GET.get("to", ""))
     return RANGES.get(request.GET.get("range", ""), RANGES[DEFAULT_RANGE])
 
 
@@ -167,20 +232,22 @@ def _event_text(event: AuditEvent) -> str:
     return f"{label}: v{after.get('stable')} stable"
 
 
-def rollout_events(model_name: str, since: datetime) -> list[charts.Event]:
-    """The audit log's rollout changes since `since`, oldest first, numbered."""
-    rows = (AuditEvent.objects.filter(model_name=model_name, target_type="endpoint",
-                                      action__in=ROLLOUT_EVENTS, created_at__gte=since)
-            .order_by("created_at", "id"))
+def rollout_events(model_name: str, since: datetime,
+                   until: datetime | None = None) -> list[charts.Event]:
+    """The audit log's rollout changes in [since, until], oldest first, numbered."""
+    rows = AuditEvent.objects.filter(model_name=model_name, target_type="endpoint",
+                                     action__in=ROLLOUT_EVENTS, created_at__gte=since)
+    if until is not None:
+        rows = rows.filter(created_at__lte=until)
     return [charts.Event(n=i, t=e.created_at.timestamp(), text=_event_text(e), when=e.created_at)
-            for i, e in enumerate(rows, 1)]
+            for i, e in enumerate(rows.order_by("created_at", "id"), 1)]
 
 
 def chart_context(model_name: str, ep, picked: ChartRange | None = None) -> dict:
     """One version_series per version with history in the range: the serving ones (stable
     first) and those no longer routed (promoted over, rolled back), which keep their line."""
     picked = picked or RANGES[DEFAULT_RANGE]
-    now = time.time()
+    now = picked.end or time.time()
     width = max(picked.point, metrics.point_seconds(picked.level))
     serving = [(v.number, role) for v, role in serving_versions(ep)]
     numbers = {n for n, _ in serving}
@@ -190,9 +257,11 @@ def chart_context(model_name: str, ep, picked: ChartRange | None = None) -> dict
                   model_name, n, seconds=picked.seconds, level=picked.level, now=now,
                   step=width), now, width))
               for n, role in serving + retired]
-    events = rollout_events(model_name, timezone.now() - timedelta(seconds=picked.seconds))
+    end = datetime.fromtimestamp(now, tz=UTC)
+    events = rollout_events(model_name, end - timedelta(seconds=picked.seconds), end)
+    end_label = timezone.localtime(end).strftime("%d %b %H:%M") if picked.end else "now"
     return {"charts": charts.version_charts(series, seconds=picked.seconds, now=now,
-                                            events=events),
+                                            events=events, end_label=end_label),
             "events": events, "chart_range": picked, "ranges": RANGES.values(),
             "point_label": f"{width} s" if width < 60 else f"{width // 60} min",
             "shadow": metrics.latest_shadow(model_name) if ep and ep.shadow_id else None,
@@ -314,7 +383,12 @@ def render_deployment(request: HttpRequest, name: str, *, new_key: dict | None =
                    access=access, new_key=new_key,
                    key_form=key_form or PredictKeyForm(auto_id="key-%s"),
                    limits_form=LimitsForm.of(ep, "limits"))
-    context.update(chart_range=chart_range(request), ranges=RANGES.values())
+    try:
+        picked = chart_range(request)
+    except ChartRangeError as e:
+        picked, status = RANGES[DEFAULT_RANGE], 400
+        context["range_error"] = str(e)
+    context.update(chart_range=picked, ranges=RANGES.values())
     response = render(request, "console/deployment.html", context, status=status)
     if new_key:
         response["Cache-Control"] = "no-store"
@@ -334,8 +408,12 @@ def deployment_charts(request: HttpRequest, name: str) -> HttpResponse:
     redrawn for the range picked (?range=24h)."""
     model = found(selectors.model_get, name)
     ep = selectors.endpoint_get(model)
+    try:
+        picked = chart_range(request)
+    except ChartRangeError as e:
+        return HttpResponse(str(e), status=400, content_type="text/plain; charset=utf-8")
     return render(request, "console/partials/deployment_charts.html",
-                  {"model": model, **chart_context(model.name, ep, chart_range(request))})
+                  {"model": model, **chart_context(model.name, ep, picked)})
 
 
 @require_GET

@@ -4,13 +4,15 @@ promoted-over version's line kept, and the address bar remembering the range."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from registry import samples, services
 from registry.audit import Actor
-from tests.metric_history import yesterdays_rollout
+from tests.metric_history import CANARY_AT, PROMOTE_AT, yesterdays_rollout
 
 from .test_console_flow import login
 
@@ -49,3 +51,29 @@ def test_picking_24_hours_shows_yesterdays_rollout_markers(live_server, users, p
     page.screenshot(path=str(SHOTS / "deployment-24h-page.png"), full_page=True)
     page.reload()  # the range survives a reload (the address bar has it)
     page.wait_for_selector("#chart-rps g.event[data-event='3']")
+
+
+def test_a_custom_range_typed_in_the_picker_shows_that_window(live_server, users, page,
+                                                              ready_model):
+    ready_model("fraud", samples.mlp(seed=0))
+    ready_model("fraud", samples.mlp(seed=1, n_out=2))
+    ready_model("fraud", samples.mlp(seed=2))
+    services.endpoint_deploy(model_name="fraud", version_number=1, actor=Actor.system("test"))
+    now = yesterdays_rollout()
+
+    def typed(ago: float) -> str:
+        return timezone.localtime(datetime.fromtimestamp(now - ago, tz=UTC)).strftime(
+            "%Y-%m-%dT%H:%M")
+
+    login(page, live_server.url, "engineer")
+    page.goto(f"{live_server.url}/models/fraud/deployment/")
+    page.wait_for_selector("#chart-rps .series[data-label='v3 stable']")
+    page.fill("input[name=from]", typed(CANARY_AT + 600))
+    page.fill("input[name=to]", typed(PROMOTE_AT + 600))
+    page.get_by_role("button", name="Show").click()
+    page.wait_for_selector("#chart-rps g.event[data-event='2']")
+    assert "range=custom" in page.url
+    assert page.locator("#chart-rps g.event").count() == 2  # the promote came after 'to'
+    assert page.input_value("input[name=from]") == typed(CANARY_AT + 600)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#charts").screenshot(path=str(SHOTS / "deployment-custom.png"))

@@ -5,8 +5,13 @@ events from the audit log are numbered markers on every chart with a legend."""
 from __future__ import annotations
 
 import re
+import time
+from datetime import UTC, datetime
+from urllib.parse import urlencode
 
 import pytest
+from django.utils import timezone
+from django.utils.html import escape
 
 from console import charts
 from registry import samples, services
@@ -79,3 +84,44 @@ def test_7_days_reads_the_10_minute_tier_and_the_page_keeps_the_range(page_clien
     page = page_client("viewer").get(f"{PAGE}?range=7d").content.decode()
     assert "deployment/charts/?range=7d" in page and 'hx-trigger="load, every 60s"' in page
     assert page_client("viewer").get(f"{PAGE}charts/?range=bogus").status_code == 200
+
+
+def test_a_custom_range_shows_yesterdays_canary_window_only(page_client, history):
+    """From/to as typed in the picker: the canary's three hours yesterday, both versions' lines,
+    the weight change inside it, the promote after it left out; the x axis ends at 'to'."""
+    now = time.time()
+
+    def typed(ago: float) -> str:
+        return timezone.localtime(datetime.fromtimestamp(now - ago, tz=UTC)).strftime(
+            "%Y-%m-%dT%H:%M")
+
+    query = urlencode({"range": "custom", "from": typed(CANARY_AT + 600),
+                       "to": typed(PROMOTE_AT + 600)})
+    html = page_client("viewer").get(f"{PAGE}charts/?{query}").content.decode()
+    rps = chart(html, "rps")
+    marks = re.findall(r'<g class="event" data-event="(\d)"><title>([^<]+)</title>', rps)
+    assert [text for _, text in marks] == ["1: canary start: v3 at 20 %",
+                                          "2: weight change: v3 at 50 %"]
+    assert "v1 retired" in rps and "v3 stable" in rps
+    # two hours from the minute tier, one point a minute; v3 from the canary start on
+    v3 = re.search(r'data-label="v3 stable" data-points="(\d+)"', rps)
+    assert int(v3[1]) in range(105, 115)
+    assert "now</text>" not in rps  # the axis ends at 'to', not now
+    page = page_client("viewer").get(f"{PAGE}?{query}").content.decode()
+    assert f"deployment/charts/?{escape(query)}" in page
+
+
+@pytest.mark.parametrize(("start", "end", "says"), [
+    ("2026-11-23T12:00", "2026-11-23T11:00", "'from' must be before 'to'"),
+    ("yesterday", "2026-11-23T11:00", "'from' must be a date and time"),
+    ("2020-01-01T00:00", "2020-01-02T00:00", "history is kept for 8 days"),
+])
+def test_a_custom_range_that_cannot_be_drawn_is_refused_saying_why(page_client, history, start,
+                                                                   end, says):
+    query = urlencode({"range": "custom", "from": start, "to": end})
+    r = page_client("viewer").get(f"{PAGE}charts/?{query}")
+    assert r.status_code == 400 and says in r.content.decode()
+    page = page_client("viewer").get(f"{PAGE}?{query}")
+    assert page.status_code == 400
+    assert says in re.search(r'id="range-error">([^<]+)<', page.content.decode())[1].replace(
+        "&#x27;", "'")
