@@ -322,6 +322,8 @@ JOB_CHUNK_ROWS = env.int("MMC_JOB_CHUNK_ROWS", default=10_000)
 LOADTEST_MAX_SECONDS = env.int("MMC_LOADTEST_MAX_SECONDS", default=60)
 LOADTEST_MAX_CONCURRENCY = env.int("MMC_LOADTEST_MAX_CONCURRENCY", default=32)
 LOADTEST_MAX_REQUESTS = 100_000
+# A version no slot references is loaded for its test: how long the job waits for the replica.
+LOADTEST_LOAD_SECONDS = env.int("MMC_LOADTEST_LOAD_SECONDS", default=60)
 JOB_TICK_SECONDS = env.float("MMC_JOB_TICK_SECONDS", default=30.0)
 # Re-queues validations and jobs whose lease lapsed: a killed worker's work resumes within a
 # lease plus this (10 + 5 s by default).

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import replace
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
@@ -30,6 +31,7 @@ from registry.notify import CHANNEL, current_revision, subscribe_in_process
 from registry.roles import has_role
 from registry.routing import Routing
 from registry.services import endpoint_deploy
+from registry.services.loadtests import versions_under_test
 from registry.store.artifacts import default_store
 from serving.errors import Conflict, Forbidden, InvalidInput, ModelNotFound, Unauthorized
 from serving.ratelimit import NO_LIMITS, Limits, PredictKey
@@ -80,7 +82,9 @@ def build_desired_state() -> DesiredState:
                 "daily_quota"):
             keys.setdefault(key.endpoint_id, {})[key.key_hash] = PredictKey(key.prefix,
                                                                             key.limits)
-        routings = {ep.pk: Routing.of(ep, now=now) for ep in endpoints}
+        under_test = versions_under_test()
+        routings = {ep.pk: _with_tests(Routing.of(ep, now=now), under_test.get(ep.model_id))
+                    for ep in endpoints}
         wanted = set().union(*(r.referenced() for r in routings.values()))
         versions = {v.pk: v for v in ModelVersion.objects.select_related("model").filter(
             pk__in=wanted, status=VersionStatus.READY)}
@@ -96,6 +100,12 @@ def build_desired_state() -> DesiredState:
             spec = _spec(version, store)
             specs[spec.key] = spec
     return DesiredState(revision=revision, routes=routes, versions=specs)
+
+
+def _with_tests(routing: Routing[int], testing: set[int] | None) -> Routing[int]:
+    """A version under load test joins the warm ones: loaded everywhere, pinned traffic only."""
+    extra = tuple(sorted((testing or set()) - routing.referenced()))
+    return replace(routing, warm=routing.warm + extra) if extra else routing
 
 
 def model_route(model: str, routing: Routing[ModelVersion], keys: dict[str, PredictKey], *,

@@ -127,3 +127,45 @@ def test_the_key_is_passed_to_the_worker_but_never_stored(two_versions, engineer
     stored = json.dumps(job.params) + json.dumps(
         list(AuditEvent.objects.values_list("after", flat=True)))
     assert "sekrit" not in stored and "sekrit" not in r.content.decode()
+
+
+def test_an_idle_version_no_slot_references_is_loaded_for_its_test_and_unloaded_after(
+        two_versions, engineer, tmp_path):
+    """v2 is ready but neither stable, candidate, blue/green, shadow nor warm: the replica does
+    not run it. The load test has it loaded (pinned only: unpinned traffic still goes to v1),
+    runs, and the replica lets it go once the test is over."""
+    from registry.serving_source import build_desired_state
+
+    with replicas(1, embedded=True, log_dir=tmp_path) as (rep,):
+        def state(key: str):
+            return (ReplicaHeartbeat.objects.get(replica=rep.name).versions.get(key) or {}
+                    ).get("state")
+
+        wait_until(lambda: state("mlp:1") == "READY", timeout=30, what="v1 loaded")
+        assert state("mlp:2") is None
+        r = start(engineer, 2, requests=100, concurrency=2)
+        assert r.status_code == 202, r.content
+        job = r.json()
+        assert job["params"]["load_first"] is True and job["params"]["replica"] == rep.name
+        done = wait_job(engineer, job["id"], timeout=90)
+        assert done["status"] == "succeeded", done
+        assert done["summary"]["ok"] == 100
+        route = build_desired_state().routes["mlp"]
+        assert route.stable == "1" and "2" not in route.warm  # gone from the desired state
+        wait_until(lambda: state("mlp:2") is None, timeout=30, what="v2 unloaded")
+
+
+def test_while_its_test_runs_an_idle_version_is_desired_as_warm_never_weighted(two_versions,
+                                                                               engineer):
+    from registry.models import Job
+    from registry.serving_source import build_desired_state
+
+    ReplicaHeartbeat.objects.create(
+        replica="r9", address="http://127.0.0.1:9", versions={"mlp:1": {"state": "READY"}},
+        started_at=timezone.now(), last_seen=timezone.now())
+    r = start(engineer, 2, requests=10)
+    assert r.status_code == 202, r.content
+    route = build_desired_state().routes["mlp"]
+    assert route.warm == ("2",) and route.stable == "1" and route.candidate_weight == 0
+    Job.objects.filter(pk=r.json()["id"]).update(status="cancelled")
+    assert build_desired_state().routes["mlp"].warm == ()

@@ -20,7 +20,7 @@ import orjson
 from django.conf import settings
 
 from registry.jobs.lease import JobFailed, Lease, LeaseLost
-from registry.models import Job
+from registry.models import Job, ReplicaHeartbeat
 from serving.signature import example_data, example_shape
 
 PROGRESS_EVERY = 0.5
@@ -99,6 +99,25 @@ def summarize(recorder: Recorder, elapsed: float, *, stopped: str = "") -> dict:
             "stopped": stopped}
 
 
+def wait_loaded(version, replica: str, lease: Lease) -> None:
+    """A version no slot referenced: wait until the replica reports it loaded (the test's job
+    put it in the desired state), within MMC_LOADTEST_LOAD_SECONDS."""
+    key = f"{version.model.name}:{version.number}"
+    deadline = time.monotonic() + settings.LOADTEST_LOAD_SECONDS
+    while True:
+        seen = ReplicaHeartbeat.objects.filter(replica=replica).values_list(
+            "versions", flat=True).first()
+        state = ((seen or {}).get(key) or {}).get("state")
+        if state == "READY":
+            return
+        if state == "FAILED" or time.monotonic() > deadline:
+            raise JobFailed(f"replica {replica!r} did not load v{version.number} for the test "
+                            f"within {settings.LOADTEST_LOAD_SECONDS} s (its state: "
+                            f"{state or 'not loading'})")
+        lease.update(rows_done=0)
+        time.sleep(PROGRESS_EVERY)
+
+
 def run_loadtest(job: Job, lease: Lease, *, key: str | None = None) -> dict:
     version, params = job.version, job.params
     if not version.signature:
@@ -110,6 +129,8 @@ def run_loadtest(job: Job, lease: Lease, *, key: str | None = None) -> dict:
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
+    if params.get("load_first"):
+        wait_loaded(version, params["replica"], lease)
     requests, seconds = params.get("requests"), params.get("seconds")
     limit = float(seconds or settings.LOADTEST_MAX_SECONDS)
     recorder, stop, failure = Recorder(), threading.Event(), []

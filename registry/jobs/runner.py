@@ -7,12 +7,15 @@ from __future__ import annotations
 import logging
 import shutil
 
+from django.db import transaction
+
 from registry.integrations.callbacks import deliver
 from registry.jobs.async_infer import run_async
 from registry.jobs.batch import run_batch
 from registry.jobs.lease import JobFailed, Lease, LeaseLost, claim, finish
 from registry.jobs.loadtest import run_loadtest
 from registry.models import Job, JobKind, JobStatus
+from registry.notify import bump_revision
 from registry.store.files import job_dir
 from serving.errors import ServingError
 
@@ -42,7 +45,11 @@ def run_job(job_id, *, key: str | None = None) -> str:
             log.exception("job %s crashed", job.pk)
         reason = getattr(exc, "message", None) or f"{exc.__class__.__name__}: {exc}"
         status, fields = JobStatus.FAILED, {}
-    if not finish(job, status, failure_reason=reason[:4000], **fields):
+    finished = finish(job, status, failure_reason=reason[:4000], **fields)
+    if job.kind == JobKind.LOADTEST and (job.params or {}).get("load_first"):
+        with transaction.atomic():  # the replicas unload the version it had them load
+            bump_revision()
+    if not finished:
         _cleanup_if_cancelled(job)
         return "lost"
     if status == JobStatus.SUCCEEDED:

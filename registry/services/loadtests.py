@@ -1,6 +1,7 @@
-"""Load tests of a version: checked (bounds, the live-traffic rule, a replica that runs the
-version, a predict key where the endpoint wants one), audited and queued as a "loadtest" job
-in one transaction; registry.jobs.loadtest runs it."""
+"""Load tests of a version: checked (bounds, the live-traffic rule, a live replica with a URL, a
+predict key where the endpoint wants one), audited and queued as a "loadtest" job in one
+transaction; registry.jobs.loadtest runs it. A version no slot references is loaded by the
+replicas (pinned only, like a warm version) while its test is queued or running."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from registry import selectors
 from registry.audit import Actor, record
 from registry.errors import InvalidRequest, LifecycleError, NotFound
 from registry.jobs.housekeeping import enqueue_job
-from registry.models import Endpoint, Job, JobKind, ModelVersion, ReplicaHeartbeat
+from registry.models import Endpoint, Job, JobKind, JobStatus, ModelVersion, ReplicaHeartbeat
+from registry.notify import bump_revision
+
+ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
 def live_traffic_roles(version: ModelVersion) -> list[str]:
@@ -35,9 +39,10 @@ def _runs(replica: ReplicaHeartbeat, version: ModelVersion) -> bool:
     return state.get("state") == "READY"
 
 
-def target_replica(version: ModelVersion, name: str = "") -> ReplicaHeartbeat:
-    """The live replica to load: the one named, else the first (embedded first) that runs the
-    version and advertises a URL (MMC_REPLICA_ADDRESS)."""
+def target_replica(version: ModelVersion, name: str = "") -> tuple[ReplicaHeartbeat, bool]:
+    """The live replica to load, and whether it must load the version first: the one named,
+    else the first (embedded first) that runs the version and advertises a URL
+    (MMC_REPLICA_ADDRESS), else the first with a URL (it loads the version for the test)."""
     live = selectors.replicas()
     if name:
         replica = next((r for r in live if r.replica == name), None)
@@ -52,16 +57,26 @@ def target_replica(version: ModelVersion, name: str = "") -> ReplicaHeartbeat:
                                  field="replica")
     for replica in candidates:
         if _runs(replica, version) and _has_url(replica):
-            return replica
+            return replica, False
+    for replica in candidates:
+        if _has_url(replica):
+            return replica, True
     replica = candidates[0]
-    if not _runs(replica, version):
-        raise LifecycleError(
-            f"replica {replica.replica!r} does not run {version.model.name} v{version.number}: a "
-            f"replica loads only the versions its endpoint references (stable, candidate, "
-            f"blue/green, shadow, warm); put it in an idle slot first", field="replica")
     raise LifecycleError(f"replica {replica.replica!r} advertises no URL (address "
                          f"{replica.address!r}): start it with MMC_REPLICA_ADDRESS=http://host:port",
                          field="replica")
+
+
+def versions_under_test() -> dict[int, set[int]]:
+    """Model id -> ids of versions a queued or running load test has replicas load (pinned
+    only, no traffic) though no slot references them; serving_source adds them as warm."""
+    under: dict[int, set[int]] = {}
+    rows = (Job.objects.filter(kind=JobKind.LOADTEST, status__in=ACTIVE,
+                               params__load_first=True)
+            .values_list("version__model_id", "version_id"))
+    for model_id, version_id in rows:
+        under.setdefault(model_id, set()).add(version_id)
+    return under
 
 
 def _bounds(requests: int | None, seconds: int | None, concurrency: int) -> None:
@@ -98,11 +113,13 @@ def loadtest_create(*, model_name: str, number: int, actor: Actor, concurrency: 
         raise InvalidRequest(f"{model_name}'s endpoint requires a predict key: pass one as "
                              f"`key` (it is used for this run only and never stored)",
                              field="key")
-    target = target_replica(version, replica)
+    target, load_first = target_replica(version, replica)
     params = {"requests": requests, "seconds": seconds, "concurrency": concurrency,
               "replica": target.replica, "url": target.address, "confirmed": bool(roles),
-              "key_required": bool(key)}
+              "key_required": bool(key), "load_first": load_first}
     with transaction.atomic():
+        if load_first:  # replicas load it (pinned only) while the test is queued or running
+            bump_revision()
         job = Job.objects.create(kind=JobKind.LOADTEST, version=version, rows_total=requests,
                                  created_by=actor.user, params=params)
         record(actor, "job.create", target_type="job", target=str(job.pk),
