@@ -119,6 +119,11 @@ def describe(event) -> str:
     elif action == "version.failed":
         text = (f"v{number} of {model} failed validation: "
                 f"{_brief(after.get('reason') or 'no reason')}")
+    elif action == "version.weights-hash":
+        text = (f"the weights hash of v{number} of {model} was filled in"
+                if after.get("weights_sha256") else
+                f"the weights of v{number} of {model} cannot be hashed: "
+                f"{_brief(after.get('unhashable') or 'unknown')}")
     elif action == "version.configure":
         text = f"{actor} changed the serving settings of v{number} of {model}"
     elif action.startswith("version.tensorrt."):

@@ -337,13 +337,17 @@ GC_SECONDS = env.float("MMC_GC_SECONDS", default=3600.0)
 GC_GRACE_SECONDS = env.float("MMC_GC_GRACE_SECONDS", default=3600.0)
 # The health bar says the artifact store is degraded below this much free space.
 STORE_MIN_FREE_BYTES = env.int("MMC_STORE_MIN_FREE_BYTES", default=1024**3)
+# Versions validated before the weights hash existed get it in the background, this many per run.
+WEIGHTS_BACKFILL_SECONDS = env.float("MMC_WEIGHTS_BACKFILL_SECONDS", default=600.0)
+WEIGHTS_BACKFILL_BATCH = env.int("MMC_WEIGHTS_BACKFILL_BATCH", default=20)
 # Periodic background tasks (registry/tasks.py): Celery beat runs them clustered, the embedded
 # process's scheduler thread otherwise.
 PERIODIC_TASKS = {"registry.rollout_tick": ROLLOUT_TICK_SECONDS,
                   "registry.jobs_tick": JOB_TICK_SECONDS,
                   "registry.recovery_tick": RECOVERY_TICK_SECONDS,
                   "registry.gc_artifacts": GC_SECONDS,
-                  "registry.metrics_compact": METRICS_COMPACT_SECONDS}
+                  "registry.metrics_compact": METRICS_COMPACT_SECONDS,
+                  "registry.weights_backfill": WEIGHTS_BACKFILL_SECONDS}
 CELERY_BEAT_SCHEDULE = {name: {"task": name, "schedule": seconds}
                         for name, seconds in PERIODIC_TASKS.items() if seconds > 0}
 # Default HMAC-SHA256 key for completion callbacks when a job brings none of its own.

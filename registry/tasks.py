@@ -15,7 +15,11 @@ from registry.jobs import housekeeping, runner
 from registry.metrics_retention import compact
 from registry.services import analysis
 from registry.store.gc import collect_garbage
-from registry.validation import recover_validations, validate_version
+from registry.validation import (
+    backfill_weights_hashes,
+    recover_validations,
+    validate_version,
+)
 
 
 @task("registry.validate_version", acks_late=True, reject_on_worker_lost=True)
@@ -69,6 +73,13 @@ def gc_artifacts_task() -> int:
 def metrics_compact_task() -> dict:
     """Periodic: mark each minute's and 10 minutes' last metric sample, delete what aged out."""
     return compact()
+
+
+@task("registry.weights_backfill", ignore_result=True)
+def weights_backfill_task() -> int:
+    """Periodic: give versions validated before the weights hash existed their hash, a few
+    per run (each read is a whole artifact)."""
+    return len(backfill_weights_hashes(limit=settings.WEIGHTS_BACKFILL_BATCH))
 
 
 @worker_ready.connect

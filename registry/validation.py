@@ -197,3 +197,43 @@ def recover_validations(older_than: timedelta | None = None) -> list[int]:
     if ids:
         log.warning("re-queued %d validation(s) nobody was doing: %s", len(ids), ids)
     return ids
+
+
+def backfill_weights_hashes(*, limit: int = 20) -> list[str]:
+    """Versions validated before the weights hash existed get it now (read from their stored
+    artifact), at most `limit` per call, oldest first, each in its own audited transaction.
+    Weights kept outside the file, or an artifact that is not ONNX, are marked so they are not
+    read again. Returns the versions filled ("fraud:3")."""
+    store = default_store()
+    pending = (ModelVersion.objects.select_related("model")
+               .filter(status=VersionStatus.READY, weights_sha256="", format="onnx")
+               .exclude(validation_report__has_key="weights_unhashable")
+               .order_by("pk")[:limit])
+    filled = []
+    for version in pending:
+        path = store.path_for(version.sha256)
+        try:
+            digest = weights_sha256(onnx.load(str(path), load_external_data=False))
+            why = "" if digest else "weights are stored outside the file"
+        except FileNotFoundError:
+            continue  # the artifact is gone: the store's health says so, nothing to learn here
+        except Exception as exc:  # not parseable as ONNX: mark it, never retry forever
+            digest, why = "", f"{exc.__class__.__name__}: {exc}"[:200]
+        with transaction.atomic():
+            row = ModelVersion.objects.select_for_update().get(pk=version.pk)
+            if row.weights_sha256:
+                continue
+            if digest:
+                row.weights_sha256 = digest
+                row.save(update_fields=["weights_sha256"])
+            else:
+                row.validation_report = {**(row.validation_report or {}),
+                                         "weights_unhashable": why}
+                row.save(update_fields=["validation_report"])
+            name = f"{version.model.name}:{version.number}"
+            record(Actor.system("backfill"), "version.weights-hash", target_type="version",
+                   target=name, model_name=version.model.name,
+                   after={"weights_sha256": digest} if digest else {"unhashable": why})
+        if digest:
+            filled.append(name)
+    return filled

@@ -161,3 +161,25 @@ def test_weights_hash_is_the_same_for_a_re_export_and_differs_for_new_weights(en
     ("size_bytes", True), ("recall", False)])
 def test_direction_rule(name, lower):
     assert lower_is_better(name) is lower
+
+
+def test_versions_validated_before_the_weights_hash_get_it_from_the_backfill_audited(
+        engineer, admin, model):
+    from django.core.management import call_command
+
+    from registry.models import AuditEvent, ModelVersion
+    from registry.validation import backfill_weights_hashes
+
+    for payload in (samples.mlp(), samples.mlp(seed=5)):
+        assert upload(engineer, model, payload).status_code == 201
+    hashes = {n: wait_validated(engineer, model, n)["weights_sha256"] for n in (1, 2)}
+    ModelVersion.objects.update(weights_sha256="")  # as validated by an older release
+    assert backfill_weights_hashes(limit=1) == [f"{model}:1"]  # bounded per run, oldest first
+    call_command("backfill_weights_hash")
+    for n in (1, 2):
+        assert engineer.get(f"/api/v1/models/{model}/versions/{n}/").json()[
+            "weights_sha256"] == hashes[n]
+    events = AuditEvent.objects.filter(action="version.weights-hash").order_by("pk")
+    assert [(e.target, e.after["weights_sha256"]) for e in events] == [
+        (f"{model}:1", hashes[1]), (f"{model}:2", hashes[2])]
+    assert backfill_weights_hashes() == []  # nothing left: nothing read again
