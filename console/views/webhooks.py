@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_POST
 
 from registry.integrations.webhooks import EVENTS
 from registry.models import WebhookSubscription
@@ -78,10 +78,27 @@ def webhook_test(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("console:webhook-detail", pk=pk)
 
 
-@require_GET
-@requires("admin")
+@requires("admin", write="admin")
 def webhook_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """The delivery log, and the form that edits the URL, model and events (audited by the
+    same service as PATCH /api/v1/webhooks/{id}/)."""
     sub = get_object_or_404(WebhookSubscription.objects.select_related("model"), pk=pk)
+    status = 200
+    if request.method == "POST":
+        form = WebhookForm(request.POST, events=EVENTS)
+        if form.is_valid():
+            data = form.cleaned_data
+            done = run_service(request, hooks.webhook_update, webhook_id=pk, url=data["url"],
+                               name=data["name"], model=data["model"] or None,
+                               events=data["events"], success=f"Webhook {pk} saved.")
+            if done is not None:
+                return redirect("console:webhook-detail", pk=pk)
+        status = 400
+    else:
+        form = WebhookForm(events=EVENTS, initial={
+            "name": sub.name, "url": sub.url, "model": sub.model.name if sub.model else "",
+            "events": sub.events})
     deliveries = sub.deliveries.prefetch_related("attempt_log")[:DELIVERIES_SHOWN]
     return render(request, "console/webhook_detail.html",
-                  {"sub": sub, "deliveries": deliveries, "nav": "webhooks"})
+                  {"sub": sub, "deliveries": deliveries, "nav": "webhooks", "form": form},
+                  status=status)

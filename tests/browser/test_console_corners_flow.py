@@ -129,6 +129,14 @@ def test_webhook_test_button_delivers_to_a_real_receiver_and_audit_fits_1440(
     assert hmac.compare_digest(got[0]["headers"]["X-MMC-Signature"], signed)  # the secret shown
     assert 'data-status="succeeded"' in page.inner_html("#delivery-table")
     keep(shot, page, "webhook-deliveries")
+    page.locator("#edit summary").click()  # edit its events in place; the secret stays
+    page.get_by_label("canary.promoted").uncheck()
+    page.get_by_label("version.failed").check()
+    keep(shot, page, "webhook-edit")
+    page.get_by_role("button", name="Save changes").click()
+    page.wait_for_selector("text=saved.")
+    assert "version.failed" in page.inner_text("main") and "canary.promoted" not in (
+        page.inner_text("p.muted"))
 
     page.goto(f"{base}/webhooks/")
     page.get_by_role("button", name="Disable").click()

@@ -226,6 +226,34 @@ def test_admin_creates_a_webhook_sees_the_secret_once_disables_and_reads_its_log
     assert client.get(f"/webhooks/{sub.pk}/").status_code == 200
 
 
+def test_admin_edits_a_webhooks_url_and_events_on_its_page_audited_secret_kept(
+        catalog, page_client):
+    from registry.models import AuditEvent, WebhookSubscription
+
+    client = page_client("admin")
+    client.post("/webhooks/", {"name": "ci", "url": "http://127.0.0.1:9/hook",
+                               "events": ["version.ready"]})
+    sub = WebhookSubscription.objects.get()
+    secret = sub.secret
+    page = client.get(f"/webhooks/{sub.pk}/").content.decode()
+    assert 'value="http://127.0.0.1:9/hook"' in page and "Save changes" in page
+    r = client.post(f"/webhooks/{sub.pk}/", {"name": "ci", "url": "http://127.0.0.1:9/new",
+                                            "model": "fraud",
+                                            "events": ["version.ready", "version.failed"]})
+    assert r.status_code == 302
+    sub.refresh_from_db()
+    assert (sub.url, sub.model.name, sub.events, sub.secret) == (
+        "http://127.0.0.1:9/new", "fraud", ["version.failed", "version.ready"], secret)
+    event = AuditEvent.objects.get(action="webhook.update")
+    assert event.before["url"].endswith("/hook") and event.after["url"].endswith("/new")
+    bad = client.post(f"/webhooks/{sub.pk}/", {"url": "http://10.1.2.3/x"})
+    assert bad.status_code == 400 and "10.1.2.3" in bad.content.decode()
+    sub.refresh_from_db()
+    assert sub.url.endswith("/new")  # nothing half-written
+    assert page_client("engineer").post(f"/webhooks/{sub.pk}/", {"url": "http://x"}
+                                        ).status_code == 403
+
+
 def test_engineer_starts_a_batch_transform_from_the_console_by_uploading_a_dataset(
         catalog, page_client):
     import io
