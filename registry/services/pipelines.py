@@ -69,8 +69,8 @@ def _step_version(raw: dict, i: int) -> tuple[Step, ModelVersion, str | None]:
         version = found.version
     else:
         number = raw["version"]
-        if isinstance(number, bool) or not isinstance(number, int):
-            raise InvalidRequest(f"{what}: version must be a number", field="steps")
+        if isinstance(number, bool) or not isinstance(number, int) or not 0 < number < 2**31:
+            raise InvalidRequest(f"{what}: version must be a version number", field="steps")
         version = model.versions.filter(number=number).first()
         if version is None:
             raise InvalidRequest(f"{what}: model {model_name!r} has no version {number}",
