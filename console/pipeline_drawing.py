@@ -14,6 +14,7 @@ COLUMN = 230  # horizontal distance between columns
 BOX_W, BOX_H = 170, 54
 GAP = 26  # vertical gap between boxes of one column
 MARGIN = 14
+ARC = 36  # room above the boxes for wires that skip a column
 
 
 @dataclass
@@ -79,16 +80,7 @@ def draw(spec: dict, signature: dict) -> Drawing:
     columns.append([(("out", n), Box("output", n, _tensor_note(t), 0, 0))
                     for n, t in outputs.items()])
     tallest = max(len(c) for c in columns)
-    height = tallest * BOX_H + (tallest - 1) * GAP + 2 * MARGIN
-    boxes: dict[tuple[str, str], Box] = {}
-    for i, col in enumerate(columns):
-        used = len(col) * BOX_H + (len(col) - 1) * GAP
-        top = (height - used) / 2
-        for j, (key, box) in enumerate(col):
-            box.x, box.y = MARGIN + i * COLUMN, top + j * (BOX_H + GAP)
-            boxes[key] = box
-    drawing = Drawing(width=2 * MARGIN + (len(columns) - 1) * COLUMN + BOX_W, height=height,
-                      boxes=list(boxes.values()))
+    col_of = {key: i for i, col in enumerate(columns) for key, _ in col}
 
     def node(end: tuple[str, str], role: str) -> tuple[str, str]:
         if end[0]:
@@ -96,23 +88,63 @@ def draw(spec: dict, signature: dict) -> Drawing:
         return ("in", end[1]) if role == "source" else ("out", end[1])
 
     wires: dict[tuple, list[str]] = {}
+    table: list[dict] = []
     for e in graph.edges:
         src, dst = node(e.source, "source"), node(e.target, "target")
-        label = (e.source[1] if e.source[0] else "") + (
-            f" → {e.target[1]}" if e.target[0] else "")
-        wires.setdefault((src, dst), []).append(label.strip(" →") or e.target[1])
-        drawing.edges.append({"from": (f"{e.source[0]}.{e.source[1]}" if e.source[0]
-                                       else e.source[1]),
-                              "to": f"{e.target[0]}.{e.target[1]}" if e.target[0]
-                              else e.target[1]})
+        # The tensor that flows, and the input it feeds when that is named otherwise (an
+        # output's box names the output).
+        label = e.source[1] if not e.target[0] or e.target[1] == e.source[1] else \
+            f"{e.source[1]} → {e.target[1]}"
+        wires.setdefault((src, dst), []).append(label)
+        table.append({"from": f"{e.source[0]}.{e.source[1]}" if e.source[0] else e.source[1],
+                      "to": f"{e.target[0]}.{e.target[1]}" if e.target[0] else e.target[1]})
+    # A wire that skips a column arcs over the boxes between: room for it above them.
+    skips = {w for w in wires if col_of[w[1]] - col_of[w[0]] > 1}
+    top = MARGIN + (ARC if skips else 0)
+    height = tallest * BOX_H + (tallest - 1) * GAP + top + MARGIN
+    boxes: dict[tuple[str, str], Box] = {}
+    for i, col in enumerate(columns):
+        used = len(col) * BOX_H + (len(col) - 1) * GAP
+        first = top + (height - top - MARGIN - used) / 2
+        for j, (key, box) in enumerate(col):
+            box.x, box.y = MARGIN + i * COLUMN, first + j * (BOX_H + GAP)
+            boxes[key] = box
+    drawing = Drawing(width=2 * MARGIN + (len(columns) - 1) * COLUMN + BOX_W, height=height,
+                      boxes=list(boxes.values()), edges=table)
+
+    def ports(ends: dict) -> dict[tuple, float]:
+        """Where each wire leaves or enters its box: spread along the side, arcs on top."""
+        placed: dict[tuple, float] = {}
+        for key, group in ends.items():
+            box = boxes[key]
+            group.sort(key=lambda item: (item[0] not in skips, item[1]))
+            for k, (wire, _) in enumerate(group):
+                placed[wire] = box.y + box.h * (k + 1) / (len(group) + 1)
+        return placed
+
+    outgoing: dict[tuple, list] = {}
+    incoming: dict[tuple, list] = {}
+    for src, dst in wires:
+        outgoing.setdefault(src, []).append(((src, dst), boxes[dst].y))
+        incoming.setdefault(dst, []).append(((src, dst), boxes[src].y))
+    leave, enter = ports(outgoing), ports(incoming)
     for (src, dst), labels in wires.items():
         a, b = boxes[src], boxes[dst]
-        x1, y1, x2, y2 = a.x + a.w, a.y + a.h / 2, b.x - 6, b.y + b.h / 2
-        bend = max(40.0, (x2 - x1) / 2)
-        path = f"M{x1:.0f},{y1:.0f} C{x1 + bend:.0f},{y1:.0f} {x2 - bend:.0f},{y2:.0f} " \
-               f"{x2:.0f},{y2:.0f}"
-        drawing.arrows.append(Arrow(path, ", ".join(labels), (x1 + x2) / 2,
-                                    (y1 + y2) / 2 - 5))
+        x1, y1, x2, y2 = a.x + a.w, leave[(src, dst)], b.x - 6, enter[(src, dst)]
+        if (src, dst) in skips:
+            between = [bx.y for k, bx in boxes.items() if col_of[src] < col_of[k] < col_of[dst]]
+            peak = min(between) - ARC / 2  # the arc's highest point, over the boxes it passes
+            c = (peak - (y1 + y2) / 8) / 0.75  # a cubic's midpoint: (y1 + 3c + 3c + y2) / 8
+            bend = (x2 - x1) / 3
+            path = (f"M{x1:.0f},{y1:.0f} C{x1 + bend:.0f},{c:.0f} {x2 - bend:.0f},{c:.0f} "
+                    f"{x2:.0f},{y2:.0f}")
+            lx, ly = (x1 + x2) / 2, peak - 4
+        else:
+            bend = max(40.0, (x2 - x1) / 2)
+            path = (f"M{x1:.0f},{y1:.0f} C{x1 + bend:.0f},{y1:.0f} {x2 - bend:.0f},{y2:.0f} "
+                    f"{x2:.0f},{y2:.0f}")
+            lx, ly = (x1 + x2) / 2, (y1 + y2) / 2 - 5
+        drawing.arrows.append(Arrow(path, ", ".join(labels), lx, ly))
     drawing.steps = [{"name": s.name, "model": s.model, "version": int(s.version),
                       "alias": pinned[s.name].get("alias"),
                       "href": reverse("console:version-detail", args=[s.model, int(s.version)]),
