@@ -235,3 +235,19 @@ def test_the_version_page_draws_the_steps_each_linking_to_its_version(engineer, 
     client.force_login(users["admin"])
     audit = client.get("/audit/").content.decode()
     assert "created pipeline v1 of pipe: double = scaler v2 · sum = adder v1" in audit
+
+
+def test_the_cli_creates_a_pipeline_from_a_spec_file(live_server, steps, tmp_path, capsys):
+    from registry.cli.main import main as mmc
+
+    _, token = services.token_create(username="engineer", name="cli", actor=SYSTEM)
+    cli = ["--url", live_server.url, "--token", token, "pipeline", "create"]
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(spec()))
+    bad.write_text(json.dumps(spec() | {"steps": [{"name": "double", "model": "nope",
+                                                   "version": 1}]}))
+    assert mmc([*cli, "scores", "--spec", str(good), "--create-model"]) == 0
+    made = json.loads(capsys.readouterr().out)
+    assert (made["model"], made["number"], made["status"]) == ("scores", 1, "ready")
+    assert mmc([*cli, "scores", "--spec", str(bad)]) == 1
+    assert "400: step 'double': unknown model 'nope'" in capsys.readouterr().err
