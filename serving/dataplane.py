@@ -345,6 +345,11 @@ class DataPlane:
             routes = table.routes
             lvs = [table.loaded[k] for k in sorted(table.loaded)
                    if _opens(routes.get(k[0]), api_key)]
+        elif model not in table.routes and table.versions_of(model):
+            # Loaded without a route of its own: a pipeline's step, counted all the same.
+            lvs = [lv for lv in table.versions_of(model) if version in (None, lv.version)]
+            if not lvs:
+                raise ModelNotFound(f"unknown version '{version}' of model '{model}'")
         elif version is not None:
             self._keyed(model, api_key)
             lvs = [self.resolve(model, version)]

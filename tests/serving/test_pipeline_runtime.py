@@ -129,6 +129,12 @@ def test_a_two_step_pipeline_answers_with_the_composed_numbers_and_counts_every_
         for key in stats:  # five pipeline requests: five through each step too
             assert stats[key]["inference_stats"]["success"]["count"] == 5, key
         assert stats[("p", "1")]["inference_count"] == 10  # rows
+        # A step has no route of its own, and its statistics are still asked by name.
+        step = (await http.get("/v2/models/adder/versions/1/stats")).json()["model_stats"]
+        assert [s["inference_stats"]["success"]["count"] for s in step] == [5]
+        # ...but it is not deployed: only the pipeline reaches it.
+        direct = await http.post("/v2/models/adder/versions/1/infer", json=body(name="a"))
+        assert direct.status_code == 404
         observed = reconciler.observed().versions
         assert {k: v["state"] for k, v in observed.items()} == {
             "p:1": "READY", "scaler:1": "READY", "adder:1": "READY"}
