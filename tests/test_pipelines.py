@@ -80,10 +80,16 @@ def test_a_pipeline_version_is_ready_at_once_with_its_own_signature_and_pinned_s
     assert repeat.json()["number"] == 2
     assert [e.action for e in AuditEvent.objects.filter(model_name="pipe").order_by("id")] == [
         "model.create", "version.pipeline", "version.ready", "version.pipeline", "version.ready"]
-    # Serving settings are the steps' own.
+    # Serving settings are the steps' own; jobs and engines take model files.
     refused = engineer.patch("/api/v1/models/pipe/versions/1/", {"max_batch_size": 4},
                              format="json")
     assert refused.status_code == 400 and "configure the step versions" in refused.json()["error"]
+    job = engineer.post("/api/v1/models/pipe/async-infer/?version=1", {"inputs": []},
+                        format="json")
+    assert job.status_code == 409 and "is a pipeline" in job.json()["error"]
+    engine = engineer.post("/api/v1/models/pipe/versions/1/tensorrt/", {"precision": "fp16"},
+                           format="json")
+    assert engine.status_code == 409 and "build engines for its steps" in engine.json()["error"]
 
 
 def test_a_bad_spec_is_a_400_that_names_the_problem_and_writes_nothing(engineer, steps,
