@@ -238,6 +238,7 @@ def test_the_version_page_draws_the_steps_each_linking_to_its_version(engineer, 
         in html
     assert "pinned from @production" in html
     assert 'id="tensorrt"' not in html  # nothing to build for a pipeline itself
+    assert "pipeline · 2 steps" in client.get("/models/pipe/").content.decode()
     client.force_login(users["admin"])
     audit = client.get("/audit/").content.decode()
     assert "created pipeline v1 of pipe: double = scaler v2 · sum = adder v1" in audit
