@@ -124,7 +124,8 @@ def build_desired_state() -> DesiredState:
             spec = _spec(version, store, steps)
             specs[spec.key] = spec
             for key in sorted(spec.pipeline.step_keys) if spec.pipeline else ():
-                if key in steps and key not in specs:  # a step not ready: the replica says so
+                # a step no longer ready is left out: the replica holds the pipeline back
+                if key in steps and key not in specs:
                     specs[key] = _spec(steps[key], store)
     return DesiredState(revision=revision, routes=routes, versions=specs)
 

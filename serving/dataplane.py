@@ -286,7 +286,7 @@ class DataPlane:
         except ServingError:
             raise
         except Exception as exc:  # noqa: BLE001 - the runtime's own error types
-            error = runtime_error(model, lv.version, exc, budget)
+            error = _runtime_error(model, lv.version, exc, budget)
             if isinstance(error, ServerFault):
                 log.error("%s", error.message)
             raise error from None
@@ -522,7 +522,7 @@ _REQUESTED_SIZE = re.compile(r"buffer of size (\d+)")
 _GPU_WORDS = ("CUDA", "cuda", "TensorRT", "cuDNN", "CUBLAS", "cublas")
 
 
-def runtime_error(model: str, version: str, exc: Exception, budget: int) -> ServingError:
+def _runtime_error(model: str, version: str, exc: Exception, budget: int) -> ServingError:
     """onnxruntime refusing the values it was given is the client's error; the rest is ours.
 
     A run that could not allocate what the request's values asked for, or a node that failed

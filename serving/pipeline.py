@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from serving.dataplane import runtime_error
+from serving.dataplane import _runtime_error
 from serving.errors import ModelNotReady, ServingError
 from serving.pipeline_graph import PipelineGraph, Step
 from serving.routes import DEFAULT_MAX_OUTPUT_BYTES
@@ -86,7 +86,7 @@ class PipelineRuntime:
         """The step's error as the data plane words any version's, prefixed with the step:
         the status stays (a step refusing the values it got is still the client's 400)."""
         if not isinstance(exc, ServingError):
-            exc = runtime_error(step.model, step.version, exc,
+            exc = _runtime_error(step.model, step.version, exc,
                                 lv.spec.max_output_bytes or self.max_output_bytes)
         worded = copy.copy(exc)  # not in place: one batch's error reaches several requests
         worded.message = f"pipeline step '{step.name}': {exc.message}"
