@@ -114,6 +114,11 @@ def describe(event) -> str:
     elif action == "version.upload":
         text = (f"{actor} uploaded v{after.get('number', number)} of {model}"
                 + (f" ({after['filename']})" if after.get("filename") else ""))
+    elif action == "version.pipeline":
+        steps = (after.get("pipeline") or {}).get("steps") or []
+        text = (f"{actor} created pipeline v{after.get('number', number)} of {model}: "
+                + " · ".join(f"{s.get('name')} = {s.get('model')} v{s.get('version')}"
+                             for s in steps if isinstance(s, dict)))
     elif action == "version.ready":
         text = f"v{number} of {model} passed validation and is ready"
     elif action == "version.failed":

@@ -92,6 +92,9 @@ class ModelVersion(models.Model):
     # The most bytes of outputs one request may get (over it: a 400 naming it); 0 = the
     # replica's default (MMC_MAX_OUTPUT_BYTES).
     max_output_bytes = models.PositiveBigIntegerField(default=0)
+    # A pipeline version (format "pipeline"): its resolved spec, steps pinned to version
+    # numbers; the artifact holds the same JSON. Null for a model file.
+    pipeline = models.JSONField(null=True, blank=True)
     # The latest approval decision (history: ApprovalDecision); acted on only when the model
     # requires approval.
     approval = models.CharField(max_length=8, choices=ApprovalState.choices,

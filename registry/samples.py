@@ -90,6 +90,27 @@ def identity(elem_type: int, shape: list, *, name: str = "x", out: str = "y") ->
     return _model(graph)
 
 
+def scale(factor: float = 2.0, n: int = 4, *, name: str = "x", out: str = "y") -> bytes:
+    """out = factor * x on [batch, n] FP32: a pipeline step whose answer is easy to check."""
+    graph = helper.make_graph(
+        [helper.make_node("Mul", [name, "factor"], [out])], "scale",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", n])],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["batch", n])],
+        [numpy_helper.from_array(np.array(factor, dtype=np.float32), "factor")],
+    )
+    return _model(graph)
+
+
+def add(n: int = 4, *, elem_type: int = TensorProto.FLOAT) -> bytes:
+    """sum = a + b on [batch, n]: a two-input pipeline step."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["sum"])], "add",
+        [helper.make_tensor_value_info("a", elem_type, ["batch", n]),
+         helper.make_tensor_value_info("b", elem_type, ["batch", n])],
+        [helper.make_tensor_value_info("sum", elem_type, ["batch", n])],
+    )
+    return _model(graph)
+
 
 def busy(n_in: int = 64, n_out: int = 10, *, spread: int = 2048, layers: int = 8,
          seed: int = 0) -> bytes:

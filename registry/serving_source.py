@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
-from django.db.models import F, Value
+from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from rest_framework.exceptions import AuthenticationFailed
@@ -32,15 +32,19 @@ from registry.roles import has_role
 from registry.routing import Routing
 from registry.services import endpoint_deploy
 from registry.services.loadtests import versions_under_test
+from registry.services.pipelines import batch_size
 from registry.store.artifacts import default_store
 from serving.errors import Conflict, Forbidden, InvalidInput, ModelNotFound, Unauthorized
+from serving.pipeline_graph import PipelineGraph
 from serving.ratelimit import NO_LIMITS, Limits, PredictKey
 from serving.routes import BatchingConfig, DesiredState, ModelRoute, ObservedState, VersionSpec
 
 log = logging.getLogger(__name__)
 
 
-def _spec(version: ModelVersion, root) -> VersionSpec:
+def _spec(version: ModelVersion, root, steps: dict | None = None) -> VersionSpec:
+    if version.pipeline is not None:
+        return _pipeline_spec(version, root, steps or {})
     return VersionSpec(
         model=version.model.name, version=str(version.number),
         artifact_path=str(root.path_for(version.sha256)), sha256=version.sha256,
@@ -55,6 +59,32 @@ def _spec(version: ModelVersion, root) -> VersionSpec:
         trt_precision=served_precision(version), trt_cache_root=str(settings.TRT_CACHE_DIR),
         max_output_bytes=version.max_output_bytes,
     )
+
+
+def _pipeline_spec(version: ModelVersion, root, steps: dict) -> VersionSpec:
+    """A pipeline version: its graph, and the rows a request may carry as its steps' batching
+    allows now (a step's max_batch_size can change after the pipeline was made)."""
+    graph = PipelineGraph.from_json(version.pipeline)
+    found = [steps.get(key) for key in sorted(graph.step_keys)]
+    max_batch = batch_size(version.signature, found) if all(found) else 0
+    return VersionSpec(
+        model=version.model.name, version=str(version.number),
+        artifact_path=str(root.path_for(version.sha256)), sha256=version.sha256,
+        signature=version.signature, batching=BatchingConfig(max_batch_size=max_batch),
+        max_output_bytes=version.max_output_bytes, pipeline=graph)
+
+
+def _steps_of(versions) -> dict[tuple[str, str], ModelVersion]:
+    """The ready step versions of every pipeline among `versions`, by (model, number)."""
+    wanted = {(s["model"], s["version"]) for v in versions if v.pipeline
+              for s in v.pipeline["steps"]}
+    if not wanted:
+        return {}
+    match = Q()
+    for model, number in wanted:
+        match |= Q(model__name=model, number=number)
+    return {(v.model.name, str(v.number)): v for v in ModelVersion.objects.select_related("model")
+            .filter(match, status=VersionStatus.READY)}
 
 
 def served_precision(version: ModelVersion) -> str:
@@ -88,6 +118,7 @@ def build_desired_state() -> DesiredState:
         wanted = set().union(*(r.referenced() for r in routings.values()))
         versions = {v.pk: v for v in ModelVersion.objects.select_related("model").filter(
             pk__in=wanted, status=VersionStatus.READY)}
+        steps = _steps_of(versions.values())
     routes, specs = {}, {}
     for ep in endpoints:
         ready = routings[ep.pk].map(versions.get)  # a version not (or no longer) ready drops out
@@ -97,8 +128,12 @@ def build_desired_state() -> DesiredState:
             continue
         routes[route.model] = route
         for version in ready.referenced():
-            spec = _spec(version, store)
+            spec = _spec(version, store, steps)
             specs[spec.key] = spec
+            for key in sorted(spec.pipeline.step_keys) if spec.pipeline else ():
+                # a step no longer ready is left out: the replica holds the pipeline back
+                if key in steps and key not in specs:
+                    specs[key] = _spec(steps[key], store)
     return DesiredState(revision=revision, routes=routes, versions=specs)
 
 

@@ -30,6 +30,7 @@ from serving.errors import (
     ServingError,
     Unauthorized,
 )
+from serving.pipeline_graph import PipelineGraph
 from serving.ratelimit import Admission
 from serving.routes import (
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -214,7 +215,7 @@ class DataPlane:
         return {
             "name": model,
             "versions": [v.version for v in self.table.versions_of(model)],
-            "platform": "onnxruntime_onnx",
+            "platform": "ensemble" if lv.spec.pipeline is not None else "onnxruntime_onnx",
             "inputs": [_meta_tensor(t) for t in sig["inputs"]],
             "outputs": [_meta_tensor(t) for t in sig["outputs"]],
         }
@@ -225,6 +226,10 @@ class DataPlane:
         self._keyed(model, api_key)
         lv = self.resolve(model, version)
         cfg = lv.spec.batching
+        if lv.spec.pipeline is not None:
+            return triton_ensemble_config(
+                name=model, signature=lv.signature, max_batch_size=lv.max_batch_size,
+                graph=lv.spec.pipeline, versions=[lv.version])
         providers = lv.runtime.providers
         return triton_model_config(
             name=model, signature=lv.signature, max_batch_size=lv.max_batch_size,
@@ -344,6 +349,11 @@ class DataPlane:
             routes = table.routes
             lvs = [table.loaded[k] for k in sorted(table.loaded)
                    if _opens(routes.get(k[0]), api_key)]
+        elif model not in table.routes and table.versions_of(model):
+            # Loaded without a route of its own: a pipeline's step, counted all the same.
+            lvs = [lv for lv in table.versions_of(model) if version in (None, lv.version)]
+            if not lvs:
+                raise ModelNotFound(f"unknown version '{version}' of model '{model}'")
         elif version is not None:
             self._keyed(model, api_key)
             lvs = [self.resolve(model, version)]
@@ -445,6 +455,44 @@ def triton_model_config(
             "max_queue_delay_microseconds": max_queue_delay_us,
             "default_queue_policy": {"max_queue_size": max_queue_size},
         }
+    return config
+
+
+def triton_ensemble_config(*, name: str, signature: dict, max_batch_size: int,
+                           graph: PipelineGraph, versions: list) -> dict:
+    """A pipeline as Triton's ensemble configuration (JSON form): one `ensemble_scheduling`
+    step per pipeline step, pinned to its version, with input_map / output_map (the step
+    model's tensor → the ensemble's tensor). A step output is named `step.tensor` in the
+    ensemble unless it is a pipeline output, which keeps the pipeline's name."""
+    config = triton_model_config(
+        name=name, signature=signature, max_batch_size=max_batch_size, preferred_batch_sizes=(),
+        max_queue_delay_us=0, max_queue_size=0, instance_count=1, kind="KIND_CPU",
+        versions=versions)
+    for key in ("backend", "instance_group", "default_model_filename", "dynamic_batching"):
+        config.pop(key, None)
+    config["platform"] = "ensemble"
+    named: dict[tuple[str, str], str] = {}
+    for output, source in graph.outputs():
+        if source in named:
+            raise ValueError(f"step output {source[0]}.{source[1]} is both pipeline outputs "
+                             f"{named[source]!r} and {output!r}; a Triton ensemble cannot "
+                             "name one tensor twice")
+        named[source] = output
+
+    def tensor(source: tuple[str, str]) -> str:
+        step, out = source
+        return out if not step else named.get(source, f"{step}.{out}")
+
+    steps = []
+    for step in graph.steps:
+        produced = sorted({e.source[1] for e in graph.edges if e.source[0] == step.name})
+        steps.append({
+            "model_name": step.model,
+            "model_version": int(step.version) if step.version.isdigit() else -1,
+            "input_map": {inp: tensor(src) for inp, src in graph.feeds_of(step.name)},
+            "output_map": {out: tensor((step.name, out)) for out in produced},
+        })
+    config["ensemble_scheduling"] = {"step": steps}
     return config
 
 

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from serving.batching import DynamicBatcher
 from serving.dataplane import DataPlane, LoadedVersion, RouteTable
 from serving.hashing import file_sha256
+from serving.pipeline import PipelineBatcher, PipelineRuntime
 from serving.routes import DesiredState, DesiredStateSource, ModelRoute, ObservedState, VersionSpec
 from serving.runtime import TENSORRT, OnnxRuntime, select_providers
 from serving.signature import batch_dimension
@@ -74,6 +75,17 @@ def load_version(spec: VersionSpec, *, intra_op_threads: int = 0,
                          max_batch_size=config.max_batch_size)
 
 
+def load_pipeline(spec: VersionSpec, dataplane: DataPlane) -> LoadedVersion:
+    """A pipeline version: nothing to load of its own; its steps are versions in the same
+    desired state, found in the table the replica serves at request time."""
+    runtime = PipelineRuntime(spec.pipeline, spec.signature,
+                              lambda key: dataplane.table.loaded.get(key),
+                              max_output_bytes=dataplane.max_output_bytes).load()
+    stats = VersionStats(spec.model, spec.version)
+    return LoadedVersion(spec=spec, runtime=runtime, batcher=PipelineBatcher(runtime, stats),
+                         stats=stats, max_batch_size=spec.batching.max_batch_size)
+
+
 class Reconciler:
     """Keeps a DataPlane's route table following one source."""
 
@@ -96,6 +108,8 @@ class Reconciler:
         self._draining: set[asyncio.Task] = set()
         self._loading: dict[tuple[str, str], VersionSpec] = {}
         self._failed: dict[tuple[str, str], tuple[VersionSpec, str]] = {}
+        # Pipeline versions held back because a step is not loaded: key -> why.
+        self._waiting: dict[tuple[str, str], str] = {}
         self._seen_revision: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         dataplane.source = source
@@ -190,6 +204,7 @@ class Reconciler:
         old = self.dataplane.table
         fresh = await self._load_missing(desired, old)
         loaded = self._keep_loaded(desired, fresh, old)
+        self._hold_back_pipelines(desired, loaded)
         routes = self._build_routes(desired, loaded, old)
         status = self._version_status(desired, loaded)
         self.dataplane.table = RouteTable(desired.revision, routes, loaded, status)  # the swap
@@ -222,6 +237,8 @@ class Reconciler:
 
     async def _load(self, spec: VersionSpec) -> tuple[VersionSpec, LoadedVersion | str]:
         """One version loaded in the loader pool: the LoadedVersion, or why it failed."""
+        if spec.pipeline is not None:
+            return spec, load_pipeline(spec, self.dataplane)
         self._loading[spec.key] = spec
         try:
             return spec, await asyncio.get_running_loop().run_in_executor(
@@ -246,6 +263,23 @@ class Reconciler:
                 loaded[key] = old.loaded[key]
         return loaded
 
+    def _hold_back_pipelines(self, desired: DesiredState,
+                             loaded: dict[tuple[str, str], LoadedVersion]) -> None:
+        """A pipeline version serves only while every step version is loaded here: one whose
+        step failed is reported with the step's reason and never routed to."""
+        self._waiting = {}
+        for key, spec in desired.versions.items():
+            if spec.pipeline is None or key not in loaded:
+                continue
+            for step in spec.pipeline.steps:
+                if step.key not in loaded:
+                    failed = self._failed.get(step.key)
+                    why = failed[1] if failed else "not loaded"
+                    self._waiting[key] = (f"step '{step.name}' ({step.model}:{step.version}) "
+                                          f"is not loaded: {why}")
+                    del loaded[key]
+                    break
+
     def _build_routes(self, desired: DesiredState, loaded: dict[tuple[str, str], LoadedVersion],
                       old: RouteTable) -> dict[str, ModelRoute]:
         """Every desired route, made routable; a kept old route keeps its versions in `loaded`."""
@@ -267,6 +301,8 @@ class Reconciler:
                 status[key] = ("READY", None)
             elif key in self._failed:
                 status[key] = ("FAILED", self._failed[key][1])
+            elif key in self._waiting:
+                status[key] = ("UNAVAILABLE", self._waiting[key])
             else:
                 status[key] = ("UNAVAILABLE", "not loaded")
         for key in set(self._failed) - set(desired.versions):
@@ -330,6 +366,9 @@ class Reconciler:
             if key in versions:
                 versions[key]["shadow"] = shadow.to_json()
         for (model, version), (_spec, reason) in self._failed.items():
+            versions.setdefault(f"{model}:{version}", {
+                "state": "FAILED", "reason": reason, "providers": [], "queue_depth": 0})
+        for (model, version), reason in self._waiting.items():
             versions.setdefault(f"{model}:{version}", {
                 "state": "FAILED", "reason": reason, "providers": [], "queue_depth": 0})
         for (model, version) in self._loading:

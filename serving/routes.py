@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from serving.errors import NotSupported
+from serving.pipeline_graph import PipelineGraph
 from serving.ratelimit import NO_LIMITS, Limits, PredictKey
 
 #: A replica's default output budget per request and version (MMC_MAX_OUTPUT_BYTES): the
@@ -55,6 +56,9 @@ class VersionSpec:
     # The most bytes of outputs one request may get (larger: a 400 naming it); 0 = the
     # replica's default (DEFAULT_MAX_OUTPUT_BYTES unless MMC_MAX_OUTPUT_BYTES says otherwise).
     max_output_bytes: int = 0
+    # A pipeline version: its graph of step versions (each also in the desired state); the
+    # artifact is then the pipeline's JSON spec, not a model to load.
+    pipeline: PipelineGraph | None = None
 
     @property
     def key(self) -> tuple[str, str]:

@@ -131,6 +131,9 @@ def arguments(sub: argparse.ArgumentParser, tmp_path, other_url: str, every_opti
             return f"{other_url}/hook"
         if action.type in (int, float):
             return "1"
+        if dest == "spec":  # a pipeline spec: JSON (the server checks what it says)
+            (tmp_path / "spec.json").write_text("{}")
+            return str(tmp_path / "spec.json")
         if dest in ("file", "dataset"):
             return str(tmp_path / "in.bin")
         if dest in ("output", "out", "result"):

@@ -20,6 +20,7 @@ from registry.services.versions import SERVING_FIELDS
 
 from .. import tryit
 from ..forms import ApprovalForm, LoadTestForm, error_text
+from ..pipeline_drawing import draw
 from ..serving_form import LABELS, ServingForm
 from .access import requires, run_service
 from .models import found
@@ -71,6 +72,7 @@ def render_version(request: HttpRequest, name: str, number: int, *,
         "curl": tryit.curl_snippet(base, name, number, inputs),
         "tritonclient": tryit.tritonclient_snippet(request.get_host(), name, number, inputs,
                                                    outputs),
+        "pipeline": draw(version.pipeline, signature) if version.pipeline else None,
     }
     return render(request, "console/version_detail.html", context, status=status)
 

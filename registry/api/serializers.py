@@ -114,6 +114,9 @@ class VersionSerializer(serializers.ModelSerializer):
         read_only=True, help_text="sha256 over the initializers (set by validation; empty "
         "until then): equal on two versions = same weights")
     created_by = username("created_by")
+    pipeline = serializers.JSONField(read_only=True, allow_null=True, help_text=(
+        "a pipeline version's spec (steps pinned to version numbers, edges); null for a model "
+        "file"))
     aliases = serializers.SerializerMethodField()
     artifact_url = serializers.SerializerMethodField()
     approval = serializers.ChoiceField(choices=ApprovalState.choices, read_only=True,
@@ -128,8 +131,8 @@ class VersionSerializer(serializers.ModelSerializer):
                   "weights_sha256", "validation_report",
                   "validation_attempts", "max_batch_size", "preferred_batch_sizes",
                   "max_queue_delay_us", "max_queue_size", "instance_count", "intra_op_threads",
-                  "graph_optimization_level", "max_output_bytes", "aliases", "approval",
-                  "approvals", "created_by", "created_at", "artifact_url"]
+                  "graph_optimization_level", "max_output_bytes", "pipeline", "aliases",
+                  "approval", "approvals", "created_by", "created_at", "artifact_url"]
 
     def get_aliases(self, obj) -> list[str]:
         return [a.name for a in obj.aliases.all()]

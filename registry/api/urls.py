@@ -1,6 +1,6 @@
 from django.urls import path
 
-from registry.api import access, integrations, jobs, rollouts, tokens, views
+from registry.api import access, integrations, jobs, pipelines, rollouts, tokens, views
 
 app_name = "api"
 MODEL = "models/<str:name>"  # every per-model route starts here
@@ -15,6 +15,8 @@ urlpatterns = [
     # what `curl -T model.onnx …/versions/upload/` asks for: the file name appended
     path(f"{MODEL}/versions/upload/<str:filename>",
          views.VersionRawUploadView.as_view(schema=None)),
+    path(f"{MODEL}/versions/pipeline/", pipelines.PipelineCreateView.as_view(),
+         name="pipeline-create"),
     path(f"{MODEL}/versions/<int:number>/", views.VersionDetailView.as_view(),
          name="version-detail"),
     path(f"{MODEL}/versions/<int:number>/approve/", views.VersionApproveView.as_view(),

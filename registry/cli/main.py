@@ -18,6 +18,7 @@
     mmc webhooks | webhook-add URL [--model m] [--event version.ready] | webhook-test ID
     mmc async-infer fraud request.json --wait 60 --out response.json
     mmc batch run fraud rows.npy --wait 600 --out scores.npy   # batch upload; job ID [--cancel]
+    mmc pipeline create scorer --spec pipeline.json [--create-model]   # steps + edges
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from registry.cli import config
 from registry.cli.account import account_parsers
 from registry.cli.client import Client, CliError, print_json
 from registry.cli.jobs import job_parsers
+from registry.cli.pipelines import pipeline_parsers
 
 
 def _wait_validated(client: Client, model: str, number: int, timeout: float) -> dict:
@@ -373,6 +375,7 @@ def parser() -> argparse.ArgumentParser:
     _rollout_parsers(sub)
     _integration_parsers(sub)
     job_parsers(sub)
+    pipeline_parsers(sub)
     return p
 
 

@@ -9,13 +9,15 @@ import tarfile
 import time
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from registry.errors import InvalidRequest, LifecycleError
 from registry.models import ModelVersion, VersionStatus
 from registry.selectors import endpoint_get, model_get, ready_versions
+from registry.services.pipelines import batch_size
 from registry.store.artifacts import CHUNK, ArtifactStore, default_store
-from serving.dataplane import triton_model_config
+from serving.dataplane import triton_ensemble_config, triton_model_config
+from serving.pipeline_graph import PipelineGraph
 from serving.signature import batch_dimension
 
 FORMATS = ("triton",)
@@ -23,6 +25,8 @@ KINDS = {"auto": None, "cpu": "KIND_CPU", "gpu": "KIND_GPU"}
 _GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 # Fields whose values are protobuf enums: written bare, not quoted.
 _ENUM_FIELDS = {"data_type", "kind"}
+# Protobuf map fields: text format writes them as repeated {key, value} entries.
+_MAP_FIELDS = {"parameters", "input_map", "output_map"}
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,8 @@ class TritonExport:
     model: str
     versions: list[ModelVersion]
     config: dict
+    # A pipeline's export also carries its step models, each a model of the same repository.
+    steps: list[TritonExport] = field(default_factory=list)
 
     @property
     def filename(self) -> str:
@@ -80,6 +86,8 @@ def triton_export(*, model_name: str, versions: str | list[int] = "all",
     model = model_get(model_name)
     chosen = _chosen(model, versions)
     newest = chosen[-1]
+    if any(v.pipeline is not None for v in chosen):
+        return _ensemble_export(model.name, chosen, kind)
     for v in chosen:
         if v.signature != newest.signature:
             raise LifecycleError(
@@ -95,11 +103,46 @@ def triton_export(*, model_name: str, versions: str | list[int] = "all",
         max_queue_delay_us=newest.max_queue_delay_us, max_queue_size=newest.max_queue_size,
         instance_count=newest.instance_count, kind=triton_kind,
         versions=[v.number for v in chosen])
+    _reshape_scalars(config, mbs)
+    return TritonExport(model=model.name, versions=chosen, config=config)
+
+
+def _reshape_scalars(config: dict, mbs: int) -> None:
     if mbs:
         for tensor in config["input"] + config["output"]:
             if not tensor["dims"]:  # only the batch dim: Triton wants [1] reshaped to []
                 tensor["dims"], tensor["reshape"] = [1], {"shape": []}
-    return TritonExport(model=model.name, versions=chosen, config=config)
+
+
+def _ensemble_export(model: str, chosen: list[ModelVersion], kind: str) -> TritonExport:
+    """A pipeline version as a Triton ensemble, with every step model it runs (their own
+    configs and model files, only the versions the pipeline pins) in the same repository."""
+    newest = chosen[-1]
+    for v in chosen:
+        if v.pipeline != newest.pipeline:
+            raise LifecycleError(
+                f"versions {v.number} and {newest.number} of {model!r} are not the same "
+                f"pipeline; one Triton ensemble config describes one: export a single "
+                f"version (versions={newest.number})")
+    graph = PipelineGraph.from_json(newest.pipeline)
+    numbers: dict[str, list[int]] = {}
+    for step in graph.steps:
+        numbers.setdefault(step.model, []).append(int(step.version))
+    if model in numbers:
+        raise LifecycleError(f"pipeline {model!r} runs a version of its own model; a Triton "
+                             "repository holds one config per model: export the steps apart")
+    steps = [triton_export(model_name=m, versions=sorted(set(ns)), kind=kind)
+             for m, ns in sorted(numbers.items())]
+    step_versions = [v for part in steps for v in part.versions]
+    mbs = batch_size(newest.signature, step_versions)
+    try:
+        config = triton_ensemble_config(name=model, signature=newest.signature,
+                                        max_batch_size=mbs, graph=graph,
+                                        versions=[v.number for v in chosen])
+    except ValueError as exc:
+        raise LifecycleError(str(exc)) from None
+    _reshape_scalars(config, mbs)
+    return TritonExport(model=model, versions=chosen, config=config, steps=steps)
 
 
 def _scalar(key: str, value) -> str:
@@ -114,15 +157,20 @@ def _scalar(key: str, value) -> str:
 
 
 def to_pbtxt(config: dict, indent: int = 0) -> str:
-    """A Triton config (JSON form, as /config serves it) in protobuf text format. `parameters`
-    is a map, which text format writes as repeated {key, value} entries."""
+    """A Triton config (JSON form, as /config serves it) in protobuf text format. `parameters`,
+    `input_map` and `output_map` are maps, which text format writes as repeated {key, value}
+    entries."""
     pad = "  " * indent
     lines: list[str] = []
     for key, value in config.items():
-        if key == "parameters" and isinstance(value, dict):
+        if key in _MAP_FIELDS and isinstance(value, dict):
             for k, v in value.items():
-                lines.append(f"{pad}parameters {{\n{pad}  key: {_scalar('', k)}\n"
-                             f"{pad}  value {{\n{to_pbtxt(v, indent + 2)}{pad}  }}\n{pad}}}")
+                if isinstance(v, dict):
+                    lines.append(f"{pad}{key} {{\n{pad}  key: {_scalar('', k)}\n"
+                                 f"{pad}  value {{\n{to_pbtxt(v, indent + 2)}{pad}  }}\n{pad}}}")
+                else:
+                    lines.append(f"{pad}{key} {{ key: {_scalar('', k)} value: "
+                                 f"{_scalar('', v)} }}")
         elif isinstance(value, dict):
             lines.append(f"{pad}{key} {{\n{to_pbtxt(value, indent + 1)}{pad}}}")
         elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
@@ -163,17 +211,27 @@ def stream_tar_gz(export: TritonExport, store: ArtifactStore | None = None) -> I
     """The repository as .tar.gz chunks, reading each model.onnx in CHUNK pieces: memory stays
     flat whatever the model size."""
     store = store or default_store()
-    gz, now, root = _Gzip(), time.time(), export.model
+    gz, now = _Gzip(), time.time()
+    for part in [export, *export.steps]:
+        yield from _model_folder(part, gz, store, now)
+    tail = b"\0" * (2 * tarfile.BLOCKSIZE)
+    tail += b"\0" * (-(gz.size + len(tail)) % tarfile.RECORDSIZE)
+    yield gz.feed(tail) + gz.end()
+
+
+def _model_folder(export: TritonExport, gz: _Gzip, store: ArtifactStore,
+                  now: float) -> Iterator[bytes]:
+    """One model's folder: config.pbtxt and a numbered folder per version, holding model.onnx
+    (a pipeline's version folders stay empty: Triton's ensembles have no file of their own)."""
+    root = export.model
     config = export.pbtxt().encode()
-
-    def file_bytes(name: str, data: bytes) -> bytes:
-        return gz.feed(_member(name, len(data), mtime=now) + data
-                       + b"\0" * (-len(data) % tarfile.BLOCKSIZE))
-
-    yield gz.feed(_member(f"{root}/", 0, directory=True, mtime=now))
-    yield file_bytes(f"{root}/config.pbtxt", config)
+    yield gz.feed(_member(f"{root}/", 0, directory=True, mtime=now)
+                  + _member(f"{root}/config.pbtxt", len(config), mtime=now) + config
+                  + b"\0" * (-len(config) % tarfile.BLOCKSIZE))
     for v in export.versions:
         yield gz.feed(_member(f"{root}/{v.number}/", 0, directory=True, mtime=now))
+        if v.pipeline is not None:
+            continue
         yield gz.feed(_member(f"{root}/{v.number}/model.onnx", v.size_bytes, mtime=now))
         sent = 0
         with open(store.path_for(v.sha256), "rb") as f:
@@ -186,6 +244,3 @@ def stream_tar_gz(export: TritonExport, store: ArtifactStore | None = None) -> I
             raise OSError(f"artifact of {root}:{v.number} is {sent} bytes, expected "
                           f"{v.size_bytes}")
         yield gz.feed(b"\0" * (-sent % tarfile.BLOCKSIZE))
-    tail = b"\0" * (2 * tarfile.BLOCKSIZE)
-    tail += b"\0" * (-(gz.size + len(tail)) % tarfile.RECORDSIZE)
-    yield gz.feed(tail) + gz.end()

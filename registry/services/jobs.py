@@ -47,7 +47,12 @@ def resolve_version(model_name: str, number: int | None) -> ModelVersion:
         model = RegisteredModel.objects.filter(name=model_name).first()
         if model is None:
             raise NotFound(f"model {model_name!r} has no version {number}", field="version")
-    return ready_version(model, number)
+    version = ready_version(model, number)
+    if version.pipeline is not None:
+        raise LifecycleError(f"{model_name}:{version.number} is a pipeline: jobs run one model "
+                             f"file; send its requests to /v2/models/{model_name}/infer on a "
+                             "replica", field="version")
+    return version
 
 
 def _callback(url: str, secret: str) -> tuple[str, str]:

@@ -29,6 +29,9 @@ def tensorrt_build(*, model_name: str, number: int, precision: str,
         model = lock_model(model_name, allow_archived=True)
         version = ModelVersion.objects.select_for_update().get(
             pk=ready_version(model, number).pk)
+        if version.pipeline is not None:
+            raise LifecycleError(f"{model_name}:{number} is a pipeline: build engines for its "
+                                 "steps' versions", field="version")
         current = ((version.validation_report or {}).get("tensorrt") or {}).get(precision) or {}
         since = parse_datetime(current.get("requested_at") or "")
         lease = timedelta(seconds=getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}).get(

@@ -87,6 +87,10 @@ def version_configure(*, model_name: str, number: int, actor: Actor, **changes) 
                              field=sorted(unknown)[0])
     with transaction.atomic():
         version = _version_for_update(model_name, number)
+        if version.pipeline is not None:
+            raise InvalidRequest(f"{model_name}:{number} is a pipeline: its batching and threads "
+                                 "are its steps' own; configure the step versions",
+                                 field=sorted(changes)[0] if changes else None)
         before = {k: getattr(version, k) for k in changes}
         for key, value in changes.items():
             if key in CONFIG_FIELDS:
