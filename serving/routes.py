@@ -54,6 +54,9 @@ class VersionSpec:
     # The most bytes of outputs one request may get (larger: a 400 naming it); 0 = the
     # replica's default (DEFAULT_MAX_OUTPUT_BYTES unless MMC_MAX_OUTPUT_BYTES says otherwise).
     max_output_bytes: int = 0
+    # Answer repeated requests from the replica's response cache (serving.response_cache)
+    # instead of running the model; off unless the version asks for it.
+    response_cache: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
