@@ -91,6 +91,9 @@ class ModelVersion(models.Model):
     # The most bytes of outputs one request may get (over it: a 400 naming it); 0 = the
     # replica's default (MMC_MAX_OUTPUT_BYTES).
     max_output_bytes = models.PositiveBigIntegerField(default=0)
+    # Answer a repeated request (same inputs) from the replica's response cache instead of
+    # running the model (Triton's response_cache.enable); off unless the owner turns it on.
+    response_cache = models.BooleanField(default=False)
     # The latest approval decision (history: ApprovalDecision); acted on only when the model
     # requires approval.
     approval = models.CharField(max_length=8, choices=ApprovalState.choices,
