@@ -7,10 +7,12 @@ One request at a time (c=1), interleaved round after round:
   hit   the same inputs to <m>-cached (answered from the cache after the first);
   miss  new inputs every time to <m>-cached (hashing, lookup, model run, insertion);
   plain the same inputs to <m>-plain (no cache at all: the peer).
-Reported: p50 (and p99) of each and the ratios hit/plain (what a hit costs against running the
+Reported: p50 (and p99) of each, and the ratios hit/plain (what a hit costs against running the
 model) and miss/plain (what the cache adds to a request it cannot answer), twice:
   in process  DataPlane.infer on a decoded request (the server's own work, no HTTP, no client);
-  over HTTP   a keep-alive httpx client against one `mmc-serve --model-repository` process.
+  over HTTP   a keep-alive httpx client against one `mmc-serve --model-repository` process;
+and, in process, the mean CPU time per request (every thread): on a shared machine wall-clock
+medians move with the neighbours, CPU time much less.
 Models: the MLP (1x64, JSON; the model is ~25 us, so everything else dominates), `busy` (1x64,
 JSON; ~2 ms of compute) and the conv net (1x3x224x224, binary tensors; 600 KB of input to
 hash). With --pin the server runs on CPU 0 and the client on CPU 1.
@@ -134,23 +136,27 @@ def measure(client, url: str, model: str, shape: tuple, encode, n: int) -> dict:
     same = rng.standard_normal(shape, dtype=np.float32)
     same_body = encode(same)
     times: dict[str, list[float]] = {"hit": [], "miss": [], "plain": []}
+    cpu_times: dict[str, list[float]] = {"hit": [], "miss": [], "plain": []}
     for i in range(n + 20):  # 20 rounds of warm-up, not counted
         for kind in ("hit", "miss", "plain"):
             target = f"{model}-plain" if kind == "plain" else f"{model}-cached"
             body, headers = same_body
             if kind == "miss":  # inputs never sent before (encoded before the clock starts)
                 body, headers = encode(rng.standard_normal(shape, dtype=np.float32))
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             r = client.post(f"{url}/v2/models/{target}/infer", content=body, headers=headers)
-            elapsed = time.perf_counter() - started
+            elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
             if r.status_code != 200:
                 raise SystemExit(f"{target}: {r.status_code} {r.text[:300]}")
             if i >= 20:
                 times[kind].append(elapsed)
+                cpu_times[kind].append(cpu)
     stats = client.get(f"{url}/v2/models/{model}-cached/stats").json()["model_stats"][0]
     counts = stats["inference_stats"]
     out = {k: {"p50_ms": float(np.percentile(v, 50)) * 1e3,
                "p99_ms": float(np.percentile(v, 99)) * 1e3} for k, v in times.items()}
+    for k, v in cpu_times.items():  # this process's CPU, all threads: in process, the server's
+        out[k]["cpu_ms"] = float(np.mean(v)) * 1e3
     out["hits"], out["misses"] = counts["cache_hit"]["count"], counts["cache_miss"]["count"]
     return out
 
@@ -198,6 +204,15 @@ def main() -> None:
                   f"{r['hit']['p50_ms'] / r['plain']['p50_ms']:.2f}× | "
                   f"{r['miss']['p50_ms'] / r['plain']['p50_ms']:.2f}× | "
                   f"{r['hits']}, {r['misses']} |")
+    local_cpu = tables["in process"]
+    print("\nin process, CPU time per request (mean, every thread of the process: the server's "
+          "work, whatever else the machine runs)")
+    print("| model | hit | miss | no cache | hit / no cache | miss / no cache |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, r in local_cpu.items():
+        hit, miss, plain = (r[k]["cpu_ms"] for k in ("hit", "miss", "plain"))
+        print(f"| {name} | {hit:.3f} ms | {miss:.3f} ms | {plain:.3f} ms | "
+              f"{hit / plain:.2f}× | {miss / plain:.2f}× |")
 
 
 if __name__ == "__main__":
