@@ -20,8 +20,8 @@ HELP = {
     "max_output_bytes": "Largest answer a request may get; 0 = the replica's default.",
     "preferred_batch_sizes": "Comma-separated batch sizes the batcher prefers to send, e.g. 4, 8.",
     "graph_optimization_level": "onnxruntime graph optimisation for this version.",
-    "response_cache": "Answer a request whose inputs this version answered before from the "
-                      "replica's cache, without running the model. For deterministic models.",
+    "response_cache": "Answer repeated inputs from the replica's cache instead of running "
+                      "the model (deterministic models).",
 }
 LABELS = {
     "max_batch_size": "Max batch size", "max_queue_delay_us": "Max queue delay (µs)",
