@@ -12,6 +12,7 @@ import pytest
 from registry import samples, services
 from registry.audit import Actor
 from registry.errors import InvalidRequest
+from registry.integrations.export import triton_export
 from registry.models import AuditEvent, ModelVersion
 from registry.notify import current_revision
 from registry.serving_source import RegistrySource, build_desired_state
@@ -40,6 +41,8 @@ def test_the_api_turns_the_cache_on_audited_and_every_replica_is_told(fraud, eng
     assert (event.before, event.after) == ({"response_cache": False}, {"response_cache": True})
     assert current_revision() > before
     assert build_desired_state().versions[("fraud", "1")].response_cache is True
+    pbtxt = triton_export(model_name="fraud").pbtxt()  # a Triton repository keeps it on
+    assert "response_cache {\n  enable: true\n}" in pbtxt
 
 
 def test_a_value_that_is_not_true_or_false_is_a_400_naming_it_and_changes_nothing(
