@@ -320,12 +320,12 @@ class DataPlane:
         if outputs is not None:
             lv.stats.record_cache_hit(perf_counter_ns() - started)
             return outputs
-        looked_up = perf_counter_ns()
+        lv.stats.record_cache_miss(perf_counter_ns() - started)  # a lookup, even if the run fails
         outputs = await self._run(model, lv, feeds)
-        inserting = perf_counter_ns()
         if not lv.retired:  # an unloading version's entries would never be dropped
+            inserting = perf_counter_ns()
             cache.put(key, lv, outputs)
-        lv.stats.record_cache_miss(looked_up - started + perf_counter_ns() - inserting)
+            lv.stats.cache_miss_ns += perf_counter_ns() - inserting  # Triton: lookup + insertion
         return outputs
 
     def retire(self, lv: LoadedVersion) -> None:

@@ -129,7 +129,8 @@ class VersionStats:
         self.last_inference_ms = time.time_ns() // 1_000_000
 
     def record_cache_miss(self, duration_ns: int) -> None:
-        """A cache lookup that found nothing: `duration_ns` is the lookup and the insertion."""
+        """A cache lookup that found nothing: `duration_ns` is the lookup (the data plane adds
+        the insertion's time to cache_miss_ns once the model answered)."""
         self.cache_miss_count += 1
         self.cache_miss_ns += duration_ns
 
