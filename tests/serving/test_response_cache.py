@@ -233,6 +233,28 @@ def test_json_binary_and_a_different_requested_output_share_one_entry_and_answer
     run(main())
 
 
+def test_text_inputs_and_outputs_are_cached_by_their_bytes(tmp_path):
+    v1 = spec(tmp_path, "text", "1", samples.identity(TensorProto.STRING, ["batch", 2]))
+    replica = Replica(Source(state(1, {"text": ModelRoute("text", stable="1")}, v1)))
+
+    def request(words: list[str]) -> dict:
+        return {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "BYTES", "data": words}]}
+
+    async def main():
+        await replica.reconciler.reconcile()
+        lv = replica.loaded("text", "1")
+        answers = []
+        for words in (["héllo", "b"], ["héllo", "b"], ["héllob", ""]):
+            r = await replica.http.post("/v2/models/text/infer", json=request(words))
+            assert r.status_code == 200, r.text
+            answers.append(r.json()["outputs"][0]["data"])
+        assert answers == [["héllo", "b"], ["héllo", "b"], ["héllob", ""]]
+        assert lv.batcher.requests == 2  # the same words hit; the same bytes split apart miss
+        await replica.reconciler.stop()
+
+    run(main())
+
+
 def test_a_new_version_never_answers_from_an_old_versions_entry(tmp_path):
     old, new = samples.mlp(seed=0), samples.mlp(seed=1)
     v1, v2 = spec(tmp_path, "m", "1", old), spec(tmp_path, "m", "2", new)
