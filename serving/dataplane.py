@@ -76,7 +76,6 @@ class LoadedVersion:
         spec = self.spec
         self.cache_identity = "\0".join(
             (spec.model, spec.version, spec.sha256, str(next(_LOADS)))).encode()
-        self.stats.cached = spec.response_cache
         self.retired = False  # left the route table: no new cache entries
 
 
@@ -275,7 +274,7 @@ class DataPlane:
         except InvalidInput:
             lv.stats.record_failure(0)
             raise
-        if lv.spec.response_cache and self.response_cache.enabled:
+        if lv.stats.cached:
             outputs = await self._cached_run(model, lv, feeds)
         else:
             outputs = await self._run(model, lv, feeds)
@@ -327,6 +326,11 @@ class DataPlane:
             cache.put(key, lv, outputs)
             lv.stats.cache_miss_ns += perf_counter_ns() - inserting  # Triton: lookup + insertion
         return outputs
+
+    def admit(self, lv: LoadedVersion) -> None:
+        """A freshly loaded version: it uses the response cache if its spec asks and this
+        replica has a budget (only then are its cache counters exported)."""
+        lv.stats.cached = lv.spec.response_cache and self.response_cache.enabled
 
     def retire(self, lv: LoadedVersion) -> None:
         """`lv` left the route table: drop its cached answers and keep no new ones."""

@@ -218,6 +218,7 @@ class Reconciler:
                 log.warning("model %s version %s FAILED: %s", spec.model, spec.version, outcome)
             else:
                 self._failed.pop(spec.key, None)
+                self.dataplane.admit(outcome)
                 fresh[spec.key] = outcome
         return fresh
 

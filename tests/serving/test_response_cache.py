@@ -328,6 +328,7 @@ def test_the_cache_is_off_unless_a_version_asks_and_the_replica_has_a_budget(tmp
         replica = Replica(Source(state(1, routes, plain, asking)), cache_bytes=0)
         await replica.reconciler.reconcile()
         assert await twice(replica, "k") == 2
+        assert ("nv_cache_num_hits_per_model", "k:1") not in await replica.metrics()
         await replica.reconciler.stop()
 
     run(main())
