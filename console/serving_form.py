@@ -20,18 +20,21 @@ HELP = {
     "max_output_bytes": "Largest answer a request may get; 0 = the replica's default.",
     "preferred_batch_sizes": "Comma-separated batch sizes the batcher prefers to send, e.g. 4, 8.",
     "graph_optimization_level": "onnxruntime graph optimisation for this version.",
+    "response_cache": "Answer repeated inputs from the replica's cache instead of running "
+                      "the model (deterministic models).",
 }
 LABELS = {
     "max_batch_size": "Max batch size", "max_queue_delay_us": "Max queue delay (µs)",
     "max_queue_size": "Max queue size", "instance_count": "Instances",
     "intra_op_threads": "Threads per run", "max_output_bytes": "Max output bytes",
     "preferred_batch_sizes": "Preferred batch sizes",
-    "graph_optimization_level": "Graph optimisation",
+    "graph_optimization_level": "Graph optimisation", "response_cache": "Response cache",
 }
 
 
 class ServingForm(forms.Form):
-    """Batching, instances, threads of one version; `changes(version)` is what differs."""
+    """Batching, instances, threads, response cache of one version; `changes(version)` is
+    what differs."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -45,12 +48,15 @@ class ServingForm(forms.Form):
         self.fields["graph_optimization_level"] = forms.ChoiceField(
             choices=GraphOptimizationLevel.choices, label=LABELS["graph_optimization_level"],
             help_text=HELP["graph_optimization_level"])
+        self.fields["response_cache"] = forms.BooleanField(
+            required=False, label=LABELS["response_cache"], help_text=HELP["response_cache"])
 
     @classmethod
     def for_version(cls, version, data=None) -> ServingForm:
         initial = {name: getattr(version, name) for name in CONFIG_FIELDS}
         initial["preferred_batch_sizes"] = ", ".join(map(str, version.preferred_batch_sizes))
         initial["graph_optimization_level"] = version.graph_optimization_level
+        initial["response_cache"] = version.response_cache
         return cls(data, initial=initial, auto_id="serving-%s")
 
     def clean_preferred_batch_sizes(self) -> list[int]:

@@ -95,6 +95,9 @@ class ModelVersion(models.Model):
     # A pipeline version (format "pipeline"): its resolved spec, steps pinned to version
     # numbers; the artifact holds the same JSON. Null for a model file.
     pipeline = models.JSONField(null=True, blank=True)
+    # Answer a repeated request (same inputs) from the replica's response cache instead of
+    # running the model (Triton's response_cache.enable); off unless the owner turns it on.
+    response_cache = models.BooleanField(default=False)
     # The latest approval decision (history: ApprovalDecision); acted on only when the model
     # requires approval.
     approval = models.CharField(max_length=8, choices=ApprovalState.choices,

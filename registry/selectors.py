@@ -188,6 +188,34 @@ def replicas(*, include_lost: bool = False) -> list[ReplicaHeartbeat]:
     return list(qs)
 
 
+@dataclass(frozen=True)
+class CacheCounts:
+    """A version's response-cache hits and misses, summed over the live replicas that load it
+    (each counts since it loaded the version)."""
+
+    hits: int = 0
+    misses: int = 0
+    replicas: int = 0
+
+    @property
+    def hit_ratio(self) -> float | None:
+        lookups = self.hits + self.misses
+        return self.hits / lookups if lookups else None
+
+
+def version_cache_counts(version: ModelVersion) -> CacheCounts:
+    """Response-cache hits and misses of `version`, from the live replicas' last heartbeats."""
+    key = f"{version.model.name}:{version.number}"
+    hits = misses = count = 0
+    for replica in replicas():
+        stats = ((replica.versions or {}).get(key) or {}).get("stats") or {}
+        if "cache_hits" in stats:
+            hits += int(stats["cache_hits"])
+            misses += int(stats.get("cache_misses", 0))
+            count += 1
+    return CacheCounts(hits=hits, misses=misses, replicas=count)
+
+
 def lost_replicas() -> list[ReplicaHeartbeat]:
     return list(ReplicaHeartbeat.objects.filter(last_seen__lt=_lost_cutoff()))
 

@@ -57,7 +57,7 @@ def _spec(version: ModelVersion, root, steps: dict | None = None) -> VersionSpec
         intra_op_threads=version.intra_op_threads,
         graph_optimization_level=version.graph_optimization_level,
         trt_precision=served_precision(version), trt_cache_root=str(settings.TRT_CACHE_DIR),
-        max_output_bytes=version.max_output_bytes,
+        max_output_bytes=version.max_output_bytes, response_cache=version.response_cache,
     )
 
 

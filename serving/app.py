@@ -31,6 +31,7 @@ from serving.errors import (
 from serving.limits import BodyReader, RequestLimits
 from serving.ratelimit import DEFAULT_SYNC_SECONDS, Admission, quota_store
 from serving.reconciler import Reconciler
+from serving.response_cache import DEFAULT_RESPONSE_CACHE_BYTES
 from serving.routes import DEFAULT_MAX_OUTPUT_BYTES, DesiredStateSource
 from serving.stats import ServingCollector, render_metrics
 
@@ -63,6 +64,9 @@ class ServingSettings:
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     # header/body timeouts, buffered-body budget, connection cap (serving.limits)
     limits: RequestLimits = field(default_factory=RequestLimits)
+    # the replica's response-cache budget in bytes, shared by the versions that turn the
+    # cache on (serving.response_cache); 0 turns it off here
+    response_cache_bytes: int = DEFAULT_RESPONSE_CACHE_BYTES
     # SIGTERM: answer (not ready, `Connection: close`) this long at most before the listener
     # closes; less once no connection is open (serving.cli.DrainingServer)
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
@@ -81,6 +85,8 @@ class ServingSettings:
             intra_op_threads=int(e.get("MMC_ORT_INTRA_OP_THREADS", 0)),
             providers=[p for p in e.get("MMC_PROVIDERS", "").split(",") if p.strip()],
             max_output_bytes=int(e.get("MMC_MAX_OUTPUT_BYTES", cls.max_output_bytes)),
+            response_cache_bytes=int(e.get("MMC_RESPONSE_CACHE_BYTES",
+                                           cls.response_cache_bytes)),
             limits=RequestLimits.from_env(e),
             drain_seconds=float(e.get("MMC_DRAIN_SECONDS") or cls.drain_seconds),
             quota_redis_url=e.get("REDIS_URL", ""),
@@ -110,6 +116,17 @@ class _Metrics:
                                      labels=["replica"])
         revision.add_metric([dp.replica], dp.table.revision)
         yield revision
+        cache = dp.response_cache
+        for name, doc, value in (
+                ("mmc_response_cache_bytes", "Bytes the response cache holds", cache.used_bytes),
+                ("mmc_response_cache_capacity_bytes", "The response cache's budget in bytes "
+                 "(MMC_RESPONSE_CACHE_BYTES)", cache.capacity_bytes),
+                ("mmc_response_cache_entries", "Answers the response cache holds", len(cache)),
+                ("mmc_response_cache_evictions", "Answers evicted to make room (cumulative)",
+                 cache.evictions)):
+            gauge = GaugeMetricFamily(name, doc, labels=["replica"])
+            gauge.add_metric([dp.replica], value)
+            yield gauge
         shadow = GaugeMetricFamily("mmc_shadow_argmax_agreement", "Share of shadow rows whose "
                                    "argmax equals the live answer's", labels=["model", "version"])
         for model, s in list(dp.shadow.items()):
@@ -429,7 +446,8 @@ def create_app(source: DesiredStateSource, *, replica: str,
     admission = Admission(store=quota_store(settings.quota_redis_url),
                           sync_seconds=settings.quota_sync_seconds)
     dataplane = DataPlane(replica=replica, max_output_bytes=settings.max_output_bytes,
-                          admission=admission)
+                          admission=admission,
+                          response_cache_bytes=settings.response_cache_bytes)
     reconciler = Reconciler(
         source, dataplane, poll_seconds=settings.poll_seconds,
         heartbeat_seconds=settings.heartbeat_seconds,

@@ -76,6 +76,7 @@ class DynamicBatcher:
         self._timer: asyncio.TimerHandle | None = None
         self._drain_waiters: list[asyncio.Future] = []
         self._closed = False
+        self.requests = 0  # infer() calls this batcher has taken (refused ones included)
 
     @property
     def queue_depth(self) -> int:
@@ -93,6 +94,7 @@ class DynamicBatcher:
         Raises QueueFull when max_queue_size requests already wait, ModelNotReady after close().
         """
         stats = self.stats
+        self.requests += 1
         if self._closed:
             stats.record_failure(0)
             raise ModelNotReady(f"model {stats.model!r} version {stats.version!r} is unloading",

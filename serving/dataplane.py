@@ -8,6 +8,7 @@ Django or the database; errors are the typed ones from serving.errors.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import re
@@ -32,6 +33,7 @@ from serving.errors import (
 )
 from serving.pipeline_graph import PipelineGraph
 from serving.ratelimit import Admission
+from serving.response_cache import DEFAULT_RESPONSE_CACHE_BYTES, ResponseCache, request_key
 from serving.routes import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DesiredStateSource,
@@ -53,6 +55,7 @@ EXTENSIONS = [
     "model_configuration", "sagemaker", "schedule_policy",
 ]
 _TRITON_TYPES = {"BYTES": "STRING"}
+_LOADS = itertools.count(1)  # tells two loads of the same version apart in cache keys
 
 
 @dataclass(eq=False)
@@ -70,6 +73,12 @@ class LoadedVersion:
         self.version = self.spec.version
         self.batched = self.max_batch_size > 0
         self.version_header = (b"x-model-version", self.version.encode())
+        # Response-cache identity: model, version, artifact and this load. A reload (new
+        # settings, a replaced file) starts with no entries; an unload drops this one's.
+        spec = self.spec
+        self.cache_identity = "\0".join(
+            (spec.model, spec.version, spec.sha256, str(next(_LOADS)))).encode()
+        self.retired = False  # left the route table: no new cache entries
 
 
 @dataclass
@@ -128,11 +137,14 @@ class DataPlane:
 
     def __init__(self, *, replica: str,
                  max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-                 admission: Admission | None = None) -> None:
+                 admission: Admission | None = None,
+                 response_cache_bytes: int = DEFAULT_RESPONSE_CACHE_BYTES) -> None:
         self.replica = replica
         # rate limits and daily quotas, and the per-key request counts (serving.ratelimit)
         self.admission = admission or Admission()
         self.max_output_bytes = max_output_bytes  # for versions that set no budget of their own
+        # shared by every version whose spec turns it on; 0 bytes: off on this replica
+        self.response_cache = ResponseCache(response_cache_bytes)
         self.table: RouteTable = EMPTY_TABLE
         self.started = False  # a first route table has been installed
         self.draining = False  # shutting down: not ready, still answering (serving.cli)
@@ -237,7 +249,8 @@ class DataPlane:
             max_queue_delay_us=cfg.max_queue_delay_us, max_queue_size=cfg.max_queue_size,
             instance_count=cfg.instance_count,
             kind="KIND_CPU" if providers[:1] == ["CPUExecutionProvider"] else "KIND_GPU",
-            versions=[v.version for v in self.table.versions_of(model)], providers=providers)
+            versions=[v.version for v in self.table.versions_of(model)], providers=providers,
+            response_cache=lv.spec.response_cache)
 
     # -- inference ---------------------------------------------------------------------------
 
@@ -270,7 +283,10 @@ class DataPlane:
         except InvalidInput:
             lv.stats.record_failure(0)
             raise
-        outputs = await self._run(model, lv, feeds)
+        if lv.stats.cached:
+            outputs = await self._cached_run(model, lv, feeds)
+        else:
+            outputs = await self._run(model, lv, feeds)
         body, headers = encode_infer_response(
             model_name=model, model_version=lv.version, request_id=request.id,
             outputs=outputs, requested=request.outputs, binary_output=request.binary_output,
@@ -300,6 +316,35 @@ class DataPlane:
                 f"model '{model}' version '{lv.version}': this request's outputs are {size} "
                 f"bytes, over the version's output budget of {budget} bytes (max_output_bytes)")
         return outputs
+
+    async def _cached_run(self, model: str, lv: LoadedVersion,
+                          feeds: dict) -> dict[str, np.ndarray]:
+        """The outputs from the response cache when this version answered the same inputs
+        before (the batcher is not touched), else from `_run`, then kept for next time."""
+        cache = self.response_cache
+        started = perf_counter_ns()
+        key = request_key(lv.cache_identity, feeds)
+        outputs = cache.get(key)
+        if outputs is not None:
+            lv.stats.record_cache_hit(perf_counter_ns() - started)
+            return outputs
+        lv.stats.record_cache_miss(perf_counter_ns() - started)  # a lookup, even if the run fails
+        outputs = await self._run(model, lv, feeds)
+        if not lv.retired:  # an unloading version's entries would never be dropped
+            inserting = perf_counter_ns()
+            cache.put(key, lv, outputs)
+            lv.stats.cache_miss_ns += perf_counter_ns() - inserting  # Triton: lookup + insertion
+        return outputs
+
+    def admit(self, lv: LoadedVersion) -> None:
+        """A freshly loaded version: it uses the response cache if its spec asks and this
+        replica has a budget (only then are its cache counters exported)."""
+        lv.stats.cached = lv.spec.response_cache and self.response_cache.enabled
+
+    def retire(self, lv: LoadedVersion) -> None:
+        """`lv` left the route table: drop its cached answers and keep no new ones."""
+        lv.retired = True
+        self.response_cache.drop(lv)
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -421,7 +466,7 @@ class _Fed:
 def triton_model_config(
     *, name: str, signature: dict, max_batch_size: int, preferred_batch_sizes, max_queue_delay_us:
     int, max_queue_size: int, instance_count: int, kind: str, versions: list,
-    providers: list[str] | None = None,
+    providers: list[str] | None = None, response_cache: bool = False,
 ) -> dict:
     """Triton's model configuration (its JSON form) from a v2 signature and batching settings.
 
@@ -447,6 +492,8 @@ def triton_model_config(
         "instance_group": [{"name": name, "kind": kind, "count": max(1, instance_count)}],
         "default_model_filename": "model.onnx",
     }
+    if response_cache:
+        config["response_cache"] = {"enable": True}
     if providers is not None:
         config["parameters"] = {"providers": {"string_value": ",".join(providers)}}
     if mbs:

@@ -138,6 +138,7 @@ class Reconciler:
         self._tasks = []
         table = self.dataplane.table
         for lv in table.loaded.values():
+            self.dataplane.retire(lv)
             lv.batcher.close()
             lv.runtime.unload()
         await self._leave(leave_seconds)
@@ -232,6 +233,7 @@ class Reconciler:
                 log.warning("model %s version %s FAILED: %s", spec.model, spec.version, outcome)
             else:
                 self._failed.pop(spec.key, None)
+                self.dataplane.admit(outcome)
                 fresh[spec.key] = outcome
         return fresh
 
@@ -316,6 +318,7 @@ class Reconciler:
         loop = asyncio.get_running_loop()
         for lv in old.loaded.values():
             if id(lv) not in keep:
+                self.dataplane.retire(lv)  # its cached answers go now, not after the drain
                 task = loop.create_task(self._retire(lv))
                 self._draining.add(task)
                 task.add_done_callback(self._draining.discard)

@@ -59,6 +59,9 @@ class VersionSpec:
     # A pipeline version: its graph of step versions (each also in the desired state); the
     # artifact is then the pipeline's JSON spec, not a model to load.
     pipeline: PipelineGraph | None = None
+    # Answer repeated requests from the replica's response cache (serving.response_cache)
+    # instead of running the model; off unless the version asks for it.
+    response_cache: bool = False
 
     @property
     def key(self) -> tuple[str, str]:

@@ -5,7 +5,8 @@
 
 config.json keys (all optional): max_batch_size, preferred_batch_sizes, max_queue_delay_us,
 max_queue_size, instance_count, intra_op_threads, max_output_bytes (0: the replica's
-default, $MMC_MAX_OUTPUT_BYTES), trt_precision (fp32|fp16; engines are cached
+default, $MMC_MAX_OUTPUT_BYTES), response_cache (true: answer repeated requests from the
+replica's response cache, $MMC_RESPONSE_CACHE_BYTES), trt_precision (fp32|fp16; engines are cached
 under $MMC_TRT_CACHE_DIR or <root>/.trt-cache), stable (default: the highest version),
 candidate + candidate_weight, shadow, api_key_sha256 (list of hex digests), limits ({rps, burst,
 daily_quota}: the endpoint's, serving.ratelimit), api_keys (list of {sha256, label, rps, burst,
@@ -36,6 +37,13 @@ from serving.routes import (
 from serving.signature import DEFAULT_MAX_BATCH_SIZE, batch_dimension
 
 _MODEL_FILE = "model.onnx"
+
+
+def _flag(config: dict, key: str, model: str) -> bool:
+    value = config.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{model}/config.json: {key} must be true or false, got {value!r}")
+    return value
 
 
 def _version_order(name: str) -> tuple[int, int | str]:
@@ -175,6 +183,7 @@ class RepositorySource(ReadOnlySource):
             trt_precision=str(config.get("trt_precision", "fp32")),
             trt_cache_root=os.environ.get("MMC_TRT_CACHE_DIR") or str(self.root / ".trt-cache"),
             max_output_bytes=int(config.get("max_output_bytes", 0)),
+            response_cache=_flag(config, "response_cache", model),
         )
 
     def _describe(self, path: Path) -> tuple[str, dict]:

@@ -86,6 +86,7 @@ class VersionStats:
         "compute_input_count", "compute_input_ns", "compute_infer_count", "compute_infer_ns",
         "compute_output_count", "compute_output_ns", "inference_count", "execution_count",
         "batch_stats", "pending", "latency_counts", "latency_sum_ns", "since",
+        "cached", "cache_hit_count", "cache_hit_ns", "cache_miss_count", "cache_miss_ns",
     )
 
     def __init__(self, model: str, version: str) -> None:
@@ -106,6 +107,11 @@ class VersionStats:
         self.latency_counts: list[int] = [0] * (len(_BOUNDS_NS) + 1)
         self.latency_sum_ns = 0
         self.since = time.time()  # when these counters started: a first sample's span
+        # Response cache (serving.response_cache): whether the version uses it, and Triton's
+        # cache_hit (lookup and answer) and cache_miss (lookup and insertion) count and time.
+        self.cached = False
+        self.cache_hit_count = self.cache_hit_ns = 0
+        self.cache_miss_count = self.cache_miss_ns = 0
 
     # -- recording (hot path) -------------------------------------------------------------
 
@@ -138,6 +144,20 @@ class VersionStats:
         self.latency_counts[bisect_left(_BOUNDS_NS, duration_ns)] += 1
         self.latency_sum_ns += duration_ns
 
+    def record_cache_hit(self, duration_ns: int) -> None:
+        """A request answered from the response cache: a success like any other (request
+        counters and histogram), and a cache hit; no execution, queue or compute time."""
+        self.cache_hit_count += 1
+        self.cache_hit_ns += duration_ns
+        self.record_success(duration_ns)
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_cache_miss(self, duration_ns: int) -> None:
+        """A cache lookup that found nothing: `duration_ns` is the lookup (the data plane adds
+        the insertion's time to cache_miss_ns once the model answered)."""
+        self.cache_miss_count += 1
+        self.cache_miss_ns += duration_ns
+
     def record_failure(self, duration_ns: int = 0) -> None:
         """A request that failed anywhere (validation, queue full, model error)."""
         self.fail_count += 1
@@ -168,6 +188,8 @@ class VersionStats:
             "latency_sum_s": self.latency_sum_ns / 1e9,
             "bucket_bounds_s": list(LATENCY_BUCKETS_S),
             "latency_buckets": list(self.latency_counts),
+            "cache_hits": self.cache_hit_count,
+            "cache_misses": self.cache_miss_count,
         }
 
     def to_triton(self) -> dict:
@@ -189,6 +211,8 @@ class VersionStats:
                 "compute_input": d(self.compute_input_count, self.compute_input_ns),
                 "compute_infer": d(self.compute_infer_count, self.compute_infer_ns),
                 "compute_output": d(self.compute_output_count, self.compute_output_ns),
+                "cache_hit": d(self.cache_hit_count, self.cache_hit_ns),
+                "cache_miss": d(self.cache_miss_count, self.cache_miss_ns),
             },
             "batch_stats": [
                 {
@@ -224,6 +248,20 @@ _TRITON_COUNTERS: dict[str, tuple[str, Callable[[VersionStats], float]]] = {
         "Cumulative compute inference duration in microseconds",
         lambda s: s.compute_infer_ns // 1000),
 }
+# Triton's response-cache counters, exported for versions that use the cache (as Triton
+# exports them only for models whose config enables it).
+_CACHE_COUNTERS: dict[str, tuple[str, Callable[[VersionStats], float]]] = {
+    "nv_cache_num_hits_per_model": (
+        "Number of cache hits per model", lambda s: s.cache_hit_count),
+    "nv_cache_num_misses_per_model": (
+        "Number of cache misses per model", lambda s: s.cache_miss_count),
+    "nv_cache_hit_duration_per_model": (
+        "Total cache hit duration per model, in microseconds", lambda s: s.cache_hit_ns // 1000),
+    "nv_cache_miss_duration_per_model": (
+        "Total cache miss (lookup and insertion) duration per model, in microseconds",
+        lambda s: s.cache_miss_ns // 1000),
+}
+_BARE_COUNTERS = frozenset(_TRITON_COUNTERS) | frozenset(_CACHE_COUNTERS)
 _LABELS = ("model", "version", "replica")
 # The classic text format every Prometheus version parses; our output uses only legacy names.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -250,6 +288,8 @@ class ServingCollector:
         all_stats = list(self.stats_provider())
         counters = {name: Metric(name, doc, "counter")
                     for name, (doc, _) in _TRITON_COUNTERS.items()}
+        cache_counters = {name: Metric(name, doc, "counter")
+                          for name, (doc, _) in _CACHE_COUNTERS.items()}
         pending = GaugeMetricFamily(
             "nv_inference_pending_request_count",
             "Instantaneous number of pending requests awaiting execution", labels=_LABELS)
@@ -263,6 +303,9 @@ class ServingCollector:
             for name, (_, read) in _TRITON_COUNTERS.items():
                 # Exact sample name (no _total), as Triton exposes it.
                 counters[name].add_sample(name, labels, float(read(s)))
+            if s.cached:
+                for name, (_, read) in _CACHE_COUNTERS.items():
+                    cache_counters[name].add_sample(name, labels, float(read(s)))
             pending.add_metric(values, s.pending)
             cumulative, running = [], 0
             for le, c in zip(_LE, s.latency_counts, strict=True):
@@ -270,6 +313,7 @@ class ServingCollector:
                 cumulative.append((le, running))
             hist.add_metric(values, cumulative, s.latency_sum_ns / 1e9)
         yield from counters.values()
+        yield from (m for m in cache_counters.values() if m.samples)
         yield pending
         yield hist
 
@@ -297,7 +341,7 @@ def render_metrics(registry) -> tuple[bytes, str]:
     """
     triton, rest = [], []
     for m in registry.collect():
-        (triton if m.type == "counter" and m.name in _TRITON_COUNTERS else rest).append(m)
+        (triton if m.type == "counter" and m.name in _BARE_COUNTERS else rest).append(m)
     out: list[str] = []
     for m in triton:
         out.append(f"# HELP {m.name} {m.documentation}\n# TYPE {m.name} counter\n")

@@ -54,6 +54,7 @@ def render_version(request: HttpRequest, name: str, number: int, *,
         "engines_pending": any((e or {}).get("status") in (QUEUED, BUILDING)
                                for e in builds.values()),
         "serving": [(f, getattr(version, f)) for f in SERVING_FIELDS],
+        "cache": selectors.version_cache_counts(version),
         "decisions": version.approval_decisions.all(),
         "approval_refusal": may_decide(request.user, version),
         "approval_form": ApprovalForm(),
@@ -100,6 +101,8 @@ def version_loadtest(request: HttpRequest, name: str, number: int) -> HttpRespon
 
 
 def _shown(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
     return ", ".join(map(str, value)) or "none" if isinstance(value, list) else str(value)
 
 

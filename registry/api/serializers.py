@@ -131,7 +131,8 @@ class VersionSerializer(serializers.ModelSerializer):
                   "weights_sha256", "validation_report",
                   "validation_attempts", "max_batch_size", "preferred_batch_sizes",
                   "max_queue_delay_us", "max_queue_size", "instance_count", "intra_op_threads",
-                  "graph_optimization_level", "max_output_bytes", "pipeline", "aliases",
+                  "graph_optimization_level", "max_output_bytes", "pipeline", "response_cache",
+                  "aliases",
                   "approval", "approvals", "created_by", "created_at", "artifact_url"]
 
     def get_aliases(self, obj) -> list[str]:
@@ -160,6 +161,10 @@ class VersionConfigSerializer(serializers.Serializer):
     max_output_bytes = serializers.IntegerField(
         required=False, help_text="the most bytes of outputs one request may get; 0 = the "
         "replica's default (MMC_MAX_OUTPUT_BYTES)")
+    response_cache = serializers.BooleanField(
+        required=False, help_text="true: answer a request whose inputs this version answered "
+        "before from the replica's response cache (MMC_RESPONSE_CACHE_BYTES), without running "
+        "the model; false (the default): run every request")
     # A CharField, not a ChoiceField: the service judges the value and words the error.
     graph_optimization_level = serializers.CharField(
         required=False, help_text=GraphOptimizationLevel.help_lines())

@@ -102,7 +102,7 @@ def triton_export(*, model_name: str, versions: str | list[int] = "all",
         preferred_batch_sizes=newest.preferred_batch_sizes or [],
         max_queue_delay_us=newest.max_queue_delay_us, max_queue_size=newest.max_queue_size,
         instance_count=newest.instance_count, kind=triton_kind,
-        versions=[v.number for v in chosen])
+        versions=[v.number for v in chosen], response_cache=newest.response_cache)
     _reshape_scalars(config, mbs)
     return TritonExport(model=model.name, versions=chosen, config=config)
 

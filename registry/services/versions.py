@@ -25,7 +25,10 @@ CONFIG_FIELDS = {
     "intra_op_threads": (int, 0, 256),
     "max_output_bytes": (int, 0, 1 << 40),  # 0 = the replica's default (MMC_MAX_OUTPUT_BYTES)
 }
-SERVING_FIELDS = (*CONFIG_FIELDS, "preferred_batch_sizes", "graph_optimization_level")
+#: Serving settings that are on or off.
+FLAG_FIELDS = ("response_cache",)
+SERVING_FIELDS = (*CONFIG_FIELDS, "preferred_batch_sizes", "graph_optimization_level",
+                  *FLAG_FIELDS)
 #: Descriptive fields that may change after upload (version_describe), besides serving settings.
 DESCRIPTIVE_FIELDS = ("metrics", "lineage")
 
@@ -80,7 +83,8 @@ def _version_for_update(model_name: str, number: int) -> ModelVersion:
 
 
 def version_configure(*, model_name: str, number: int, actor: Actor, **changes) -> ModelVersion:
-    """Change serving settings of a version (batching, instances, threads); replicas reload it."""
+    """Change serving settings of a version (batching, instances, threads, response cache);
+    replicas reload it."""
     unknown = set(changes) - set(SERVING_FIELDS)
     if unknown:
         raise InvalidRequest(f"unknown setting(s): {', '.join(sorted(unknown))}",
@@ -103,6 +107,9 @@ def version_configure(*, model_name: str, number: int, actor: Actor, **changes) 
                     raise InvalidRequest("preferred_batch_sizes must be a list of positive "
                                          "integers", field=key)
                 value = sorted(set(value))
+            elif key in FLAG_FIELDS:
+                if not isinstance(value, bool):
+                    raise InvalidRequest(f"{key} must be true or false", field=key)
             elif value not in GraphOptimizationLevel.values:
                 raise InvalidRequest("graph_optimization_level must be "
                                      + ", ".join(GraphOptimizationLevel.values), field=key)

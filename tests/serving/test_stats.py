@@ -55,7 +55,8 @@ def test_statistics_follow_the_triton_extension_shape(served):
                       "execution_count", "inference_stats", "batch_stats"}
     assert (t["name"], t["version"]) == ("mlp", "3")
     assert set(t["inference_stats"]) == {"success", "fail", "queue", "compute_input",
-                                         "compute_infer", "compute_output"}
+                                         "compute_infer", "compute_output", "cache_hit",
+                                         "cache_miss"}
     for d in t["inference_stats"].values():
         assert set(d) == {"count", "ns"}
     assert t["inference_count"] == 40
