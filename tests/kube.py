@@ -8,8 +8,12 @@ No cluster is needed. `kubectl kustomize` renders when kubectl is installed; oth
 from __future__ import annotations
 
 import copy
+import importlib
+import importlib.util
 import shutil
 import subprocess
+import sys
+import types
 from pathlib import Path
 
 import kubernetes_validate
@@ -144,32 +148,58 @@ def validate_service_monitor(doc: dict) -> None:
 
 # -- KServe ------------------------------------------------------------------------------------
 
-_PRIMITIVES = {"str": str, "int": int, "float": (int, float), "bool": bool, "object": object}
+_PRIMITIVES = {"str": str, "int": int, "float": (int, float), "bool": bool, "object": object,
+               "datetime": str, "bytes": str,
+               "ResourceQuantity": (str, int, float)}  # "1Gi", 2, 0.5: Kubernetes quantities
+
+
+def kserve_models():
+    """The `kserve` SDK's API models (kserve.models: generated from KServe's OpenAPI, needing
+    only kserve.configuration), loaded without `kserve/__init__`: that one starts the model
+    server's imports, whose gRPC protos clash with tritonclient's in one process (both define
+    `inference.ServerLiveRequest`)."""
+    if "kserve" not in sys.modules:
+        spec = importlib.util.find_spec("kserve")
+        package = types.ModuleType("kserve")
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules["kserve"] = package
+    return importlib.import_module("kserve.models")
 
 
 def _model_class(name: str):
-    import kserve.models
     import kubernetes.client.models
 
-    cls = getattr(kserve.models, name, None) or getattr(kubernetes.client.models, name, None)
+    cls = getattr(kserve_models(), name, None) or getattr(kubernetes.client.models, name, None)
     if cls is None:
         raise SchemaError(f"unknown type {name}")
     return cls
+
+
+def _container_type(type_name: str) -> tuple[str, str] | None:
+    """("list", item type) or ("dict", value type) for the generators' spellings: list[X],
+    List[X], dict(str, X), Dict[str, X]."""
+    for prefix in ("list[", "List["):
+        if type_name.startswith(prefix):
+            return "list", type_name[len(prefix):-1]
+    for prefix in ("dict(", "Dict["):
+        if type_name.startswith(prefix):
+            return "dict", type_name[type_name.index(",") + 1:-1].strip()
+    return None
 
 
 def kserve_load(data, type_name: str, path: str = ""):
     """Deserialize into the SDK's models (kserve's, and kubernetes' for the core types they
     embed), refusing any field the model does not define: the SDK's own deserializer drops
     them silently."""
-    if type_name.startswith("list["):
+    container = _container_type(type_name)
+    if container and container[0] == "list":
         if not isinstance(data, list):
             raise SchemaError(f"{path}: expected a list")
-        return [kserve_load(v, type_name[5:-1], f"{path}[{i}]") for i, v in enumerate(data)]
-    if type_name.startswith("dict("):
+        return [kserve_load(v, container[1], f"{path}[{i}]") for i, v in enumerate(data)]
+    if container:
         if not isinstance(data, dict):
             raise SchemaError(f"{path}: expected a map")
-        inner = type_name[type_name.index(",") + 1:-1].strip()
-        return {k: kserve_load(v, inner, f"{path}.{k}") for k, v in data.items()}
+        return {k: kserve_load(v, container[1], f"{path}.{k}") for k, v in data.items()}
     if type_name in _PRIMITIVES:
         if not isinstance(data, _PRIMITIVES[type_name]) or (
                 type_name in ("int", "float") and isinstance(data, bool)):
@@ -186,7 +216,7 @@ def kserve_load(data, type_name: str, path: str = ""):
               for k, v in data.items()}
     try:
         return cls(**kwargs)
-    except ValueError as exc:  # the generated models check required fields and enums
+    except ValueError as exc:  # required fields, enums (pydantic's errors are ValueErrors)
         raise SchemaError(f"{path or type_name}: {exc}") from None
 
 
@@ -196,15 +226,26 @@ KSERVE_KINDS = {("serving.kserve.io/v1beta1", "InferenceService"): "V1beta1Infer
                     "V1alpha1ClusterServingRuntime"}
 
 
+def kserve_dump(obj):
+    """A model back to JSON by its attribute map (kserve's generated models predate the
+    pydantic ones kubernetes' client now has; both carry the map)."""
+    if isinstance(obj, list):
+        return [kserve_dump(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: kserve_dump(v) for k, v in obj.items()}
+    if hasattr(obj, "attribute_map"):
+        return {j: kserve_dump(getattr(obj, a)) for a, j in obj.attribute_map.items()
+                if getattr(obj, a) is not None}
+    return obj
+
+
 def kserve_round_trip(doc: dict):
     """The document as the SDK's model, and back to the same JSON."""
-    from kubernetes.client import ApiClient
-
     type_name = KSERVE_KINDS.get((doc.get("apiVersion"), doc.get("kind")))
     if type_name is None:
         raise SchemaError(f"not a KServe kind we know: {doc.get('apiVersion')} {doc.get('kind')}")
     model = kserve_load(doc, type_name)
-    _same(doc, ApiClient().sanitize_for_serialization(model), doc["kind"])
+    _same(doc, kserve_dump(model), doc["kind"])
     return model
 
 
@@ -214,9 +255,10 @@ def _same(expected, got, path: str) -> None:
         for key in sorted(set(expected) | set(got)):
             if key not in got:
                 raise SchemaError(f"{path}.{key}: not in the schema (dropped on the round trip)")
-            if key not in expected:
+            if key not in expected and got[key] != "":  # "": a default the SDK fills in
                 raise SchemaError(f"{path}.{key}: appeared on the round trip")
-            _same(expected[key], got[key], f"{path}.{key}")
+            if key in expected:
+                _same(expected[key], got[key], f"{path}.{key}")
     elif isinstance(expected, list) and isinstance(got, list) and len(expected) == len(got):
         for i, (a, b) in enumerate(zip(expected, got, strict=True)):
             _same(a, b, f"{path}[{i}]")
