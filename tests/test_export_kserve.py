@@ -207,10 +207,12 @@ def test_cli_writes_the_files(live_server, fraud, tmp_path, users):
     assert not bad.exists()
 
 
-def test_the_mmc_serve_runtime_serves_the_exported_artifact(engineer, fraud, tmp_path):
-    """The ServingRuntime's command, run as KServe runs it: the artifact under /mnt/models (as
-    the storage initializer leaves it), the InferenceService's environment; only the paths and
-    the port are moved to this machine's."""
+@pytest.mark.parametrize("layout", ["folder", "file"])
+def test_the_mmc_serve_runtime_serves_the_exported_artifact(engineer, fraud, tmp_path, layout):
+    """The ServingRuntime's command, run as KServe runs it, with the InferenceService's
+    environment and the artifact at /mnt/models: inside that folder (the storage initializer
+    downloaded it) or that path itself (a claim mounted directly). Only the paths and the port
+    are moved to this machine's."""
     from registry.store.artifacts import default_store
 
     files = export(engineer)
@@ -218,9 +220,13 @@ def test_the_mmc_serve_runtime_serves_the_exported_artifact(engineer, fraud, tmp
     (isvc,) = documents(files, "fraud-kserve/inferenceservice.yaml")
     (container,) = runtime["spec"]["containers"]
     models = tmp_path / "mnt-models"
-    models.mkdir()
     sha = fraud[0]["sha256"]
-    (models / sha).write_bytes(default_store().path_for(sha).read_bytes())
+    blob = default_store().path_for(sha).read_bytes()
+    if layout == "folder":
+        models.mkdir()
+        (models / sha).write_bytes(blob)
+    else:
+        models.write_bytes(blob)
     port = _free_port()
     script = (container["args"][0].replace("/mnt/models", str(models))
               .replace("/tmp/mmc-repository", str(tmp_path / "repository"))

@@ -154,9 +154,17 @@ def inference_service(*, name: str, model: str, runtime: str, root: str, revisio
     }
 
 
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the runtime's script) as literal blocks, as a person writes them."""
+
+
+_Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
+
+
 def _yaml(doc: dict, comment: str) -> str:
     lines = "".join(f"# {line}\n" for line in comment.splitlines())
-    return lines + yaml.safe_dump(doc, sort_keys=False, width=100)
+    return lines + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=100)
 
 
 def kserve_export(*, model_name: str, runtime: str = "mmc", storage: str | None = None,
@@ -176,15 +184,15 @@ def kserve_export(*, model_name: str, runtime: str = "mmc", storage: str | None 
     weight = ep.candidate_weight if candidate is not None else 0
     common = dict(name=isvc, model=model.name, runtime=runtime, root=root,
                   revision=ep.revision, stable=stable)
-    how = (f"model {model.name!r} from the model management console, route revision "
-           f"{ep.revision}; export again after every change in the registry")
+    how = (f"Model {model.name!r} from the model management console, route revision "
+           f"{ep.revision}.\nExport again after every change in the registry.")
     files = {"servingruntime.yaml": _yaml(serving_runtime(runtime), how)}
     if candidate is not None:
         files["inferenceservice-stable.yaml"] = _yaml(
             inference_service(**common, candidate=None, weight=0),
             f"{how}\nThe stable version alone: apply it first where KServe has no revision of "
-            f"{isvc!r} yet, then inferenceservice.yaml (KServe sends the canary's share to the "
-            "latest revision, the rest to the one before).")
+            f"{isvc!r} yet,\nthen inferenceservice.yaml (KServe sends the canary's share to "
+            "the latest revision,\nthe rest to the one before).")
     files["inferenceservice.yaml"] = _yaml(
         inference_service(**common, candidate=candidate, weight=weight), how)
     repositories = []
