@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import subprocess
 import sys
 import tarfile
@@ -231,7 +230,9 @@ def test_the_mmc_serve_runtime_serves_the_exported_artifact(engineer, fraud, tmp
     script = (container["args"][0].replace("/mnt/models", str(models))
               .replace("/tmp/mmc-repository", str(tmp_path / "repository"))
               .replace("--host 0.0.0.0 --port 8080", f"--host 127.0.0.1 --port {port}"))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    # what a KServe pod has: the image's PATH and the InferenceService's variables, no
+    # Django settings, no database
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path),
            "MMC_ORT_INTRA_OP_THREADS": "1",
            **{e["name"]: e["value"] for e in isvc["spec"]["predictor"]["model"]["env"]}}
     proc = subprocess.Popen([*container["command"], script], env=env,
