@@ -85,33 +85,34 @@ def service_name(model: str, raw: str | None = None) -> str:
 
 
 def serving_runtime(runtime: str) -> dict:
-    container: dict = {"name": "kserve-container"}
+    """A namespaced ServingRuntime for ONNX over the v2 protocol. autoSelect off: it serves the
+    InferenceServices that name it, never another team's ONNX models by surprise."""
     if runtime == "mmc":
-        container |= {
+        container = {
             "image": settings.KSERVE_IMAGE, "command": ["sh", "-c"], "args": [MMC_SERVE_SCRIPT],
             "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": PORT}},
         }
-        formats = [{"name": "onnx", "version": "1", "autoSelect": False}]
         protocols = ["v2"]
-    else:
-        container |= {
+    else:  # the image's entrypoint runs the args, as KServe's own Triton runtime does
+        container = {
             "image": settings.KSERVE_TRITON_IMAGE,
             "args": ["tritonserver", "--model-store=/mnt/models", "--grpc-port=9000",
                      f"--http-port={PORT}", "--allow-grpc=true", "--allow-http=true"],
         }
-        formats = [{"name": "onnx", "version": "1", "autoSelect": False}]
         protocols = ["v2", "grpc-v2"]
-    container |= {"ports": [{"containerPort": PORT, "protocol": "TCP"}],
-                  "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
-                                "limits": {"memory": "4Gi"}}}
+    container = {"name": "kserve-container", **container,
+                 "ports": [{"containerPort": PORT, "protocol": "TCP"}],
+                 "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                               "limits": {"memory": "4Gi"}}}
     return {
         "apiVersion": "serving.kserve.io/v1alpha1",
         "kind": "ServingRuntime",
         "metadata": {"name": RUNTIMES[runtime],
                      "annotations": {"prometheus.kserve.io/port": str(PORT),
                                      "prometheus.kserve.io/path": "/metrics"}},
-        "spec": {"supportedModelFormats": formats, "protocolVersions": protocols,
-                 "containers": [container]},
+        "spec": {"supportedModelFormats": [{"name": "onnx", "version": "1",
+                                            "autoSelect": False}],
+                 "protocolVersions": protocols, "containers": [container]},
     }
 
 
