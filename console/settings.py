@@ -350,6 +350,13 @@ PERIODIC_TASKS = {"registry.rollout_tick": ROLLOUT_TICK_SECONDS,
                   "registry.weights_backfill": WEIGHTS_BACKFILL_SECONDS}
 CELERY_BEAT_SCHEDULE = {name: {"task": name, "schedule": seconds}
                         for name, seconds in PERIODIC_TASKS.items() if seconds > 0}
+# KServe export (registry/integrations/kserve.py): where InferenceServices find the artifact store
+# (the ReadWriteMany claim of deploy/kubernetes as KServe mounts it, or the object store's URI),
+# and the images of the two serving runtimes it can write.
+KSERVE_STORAGE_URI = env.str("MMC_KSERVE_STORAGE_URI", default="pvc://mmc-artifacts")
+KSERVE_IMAGE = env.str("MMC_KSERVE_IMAGE", default="mmc:latest")
+KSERVE_TRITON_IMAGE = env.str("MMC_KSERVE_TRITON_IMAGE",
+                              default="nvcr.io/nvidia/tritonserver:24.10-py3")
 # Default HMAC-SHA256 key for completion callbacks when a job brings none of its own.
 JOB_CALLBACK_SECRET = env.str("MMC_CALLBACK_SECRET", default="")
 # Webhooks and job callbacks reach public addresses only; this comma list admits more: networks

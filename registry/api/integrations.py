@@ -1,5 +1,5 @@
-"""REST API for integrations with the world outside: Triton model-repository export, webhook
-subscriptions and their delivery log (admin), TensorRT engine builds (engineer)."""
+"""REST API for integrations with the world outside: Triton model-repository and KServe export,
+webhook subscriptions and their delivery log (admin), TensorRT engine builds (engineer)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from registry.api.serializers import VersionSerializer, username
 from registry.api.views import actor, valid
 from registry.errors import InvalidRequest, NotFound
 from registry.integrations.export import FORMATS, parse_versions, stream_tar_gz, triton_export
+from registry.integrations.kserve import RUNTIMES, kserve_export, stream_kserve
 from registry.integrations.tensorrt import PRECISIONS
 from registry.integrations.webhooks import EVENTS
 from registry.models import WebhookDelivery, WebhookSubscription
@@ -41,20 +42,38 @@ class ModelExportView(APIView):
         parameters=[
             OpenApiParameter("format", str, enum=list(FORMATS), required=True),
             OpenApiParameter("versions", str, description=(
-                "'all' (default: every ready version), 'stable', or numbers like 1,2")),
+                "triton: 'all' (default: every ready version), 'stable', or numbers like 1,2")),
             OpenApiParameter("kind", str, enum=["auto", "cpu", "gpu"], description=(
-                "instance_group kind; auto: GPU when validation ran on a GPU provider")),
+                "triton: instance_group kind; auto: GPU when validation ran on a GPU provider")),
+            OpenApiParameter("runtime", str, enum=list(RUNTIMES), description=(
+                "kserve: the ServingRuntime, mmc-serve (default) or Triton")),
+            OpenApiParameter("storage_uri", str, description=(
+                "kserve: the artifact store as KServe reaches it (default "
+                "MMC_KSERVE_STORAGE_URI, pvc://mmc-artifacts)")),
+            OpenApiParameter("name", str, description=(
+                "kserve: the InferenceService's name (default: the model's, as a DNS label)")),
         ],
         responses={(200, "application/gzip"): bytes, **errors(409)})
     def get(self, request, name):
-        """A Triton model repository (.tar.gz): <model>/config.pbtxt and <model>/<n>/model.onnx."""
-        fmt = request.query_params.get("format", "")
+        """triton: a Triton model repository (.tar.gz): <model>/config.pbtxt and
+        <model>/<n>/model.onnx. kserve: a ServingRuntime and an InferenceService mirroring the
+        endpoint (canaryTrafficPercent = the candidate's weight), as <model>-kserve/*.yaml."""
+        q = request.query_params
+        fmt = q.get("format", "")
         if fmt not in FORMATS:
             raise InvalidRequest(f"format must be one of {', '.join(FORMATS)}", field="format")
-        export = triton_export(model_name=name,
-                               versions=parse_versions(request.query_params.get("versions")),
-                               kind=request.query_params.get("kind", "auto"))
-        response = StreamingHttpResponse(stream_tar_gz(export), content_type="application/gzip")
+        if fmt == "kserve":
+            if "versions" in q:
+                raise InvalidRequest("a KServe export is what the endpoint routes (stable and "
+                                     "candidate): versions does not apply", field="versions")
+            export = kserve_export(model_name=name, runtime=q.get("runtime", "mmc"),
+                                   storage=q.get("storage_uri"), name=q.get("name"))
+            stream = stream_kserve(export)
+        else:
+            export = triton_export(model_name=name, versions=parse_versions(q.get("versions")),
+                                   kind=q.get("kind", "auto"))
+            stream = stream_tar_gz(export)
+        response = StreamingHttpResponse(stream, content_type="application/gzip")
         response["Content-Disposition"] = f'attachment; filename="{export.filename}"'
         response["X-Exported-Versions"] = ",".join(str(v.number) for v in export.versions)
         return response

@@ -14,6 +14,7 @@
     mmc canary fraud 4 --plan '{"steps": [5, 25, 50, 100], "bake_seconds": 300}'
     mmc rollback fraud 2 [--unload-first]      # bg-deploy, switch, switch-back, bg-finish
     mmc export fraud --versions 2,3 -o fraud-triton.tar.gz   # a Triton model repository
+    mmc export fraud --format kserve -o kserve/fraud   # ServingRuntime + InferenceService YAML
     mmc tensorrt fraud 3 --precision fp16      # build a TensorRT engine on a GPU worker
     mmc webhooks | webhook-add URL [--model m] [--event version.ready] | webhook-test ID
     mmc async-infer fraud request.json --wait 60 --out response.json
@@ -25,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -199,10 +202,18 @@ def cmd_rollout(c: Client, a) -> int:
 
 
 def cmd_export(c: Client, a) -> int:
-    """Stream the archive to a temporary name, rename when complete: no half-written file."""
+    """Stream the archive to a temporary name, rename when complete: no half-written file.
+    A KServe export is unpacked into the folder -o names (its files, ready for kubectl)."""
     out = Path(a.output)
     partial = out.with_name(out.name + ".part")
-    params = {"format": a.format, "versions": a.versions or "all"}
+    if a.format == "kserve":  # downloaded aside, unpacked into the folder once complete
+        fd, name = tempfile.mkstemp(prefix="mmc-kserve-", suffix=".tar.gz")
+        os.close(fd)
+        partial = Path(name)
+        params = {"format": "kserve", "runtime": a.runtime}
+        params |= {k: v for k, v in (("storage_uri", a.storage_uri), ("name", a.name)) if v}
+    else:
+        params = {"format": a.format, "versions": a.versions or "all"}
     try:
         with c.http.stream("GET", f"models/{a.model}/export", params=params) as r:
             if r.status_code >= 400:
@@ -211,6 +222,7 @@ def cmd_export(c: Client, a) -> int:
                     message = r.json().get("error", r.text)
                 except ValueError:
                     message = r.text
+                partial.unlink(missing_ok=True)
                 raise CliError(f"{r.status_code}: {message}")
             with partial.open("wb") as f:
                 for chunk in r.iter_bytes():
@@ -218,10 +230,37 @@ def cmd_export(c: Client, a) -> int:
     except httpx.HTTPError as exc:
         partial.unlink(missing_ok=True)
         raise CliError(f"export failed: {exc}") from None
+    versions = r.headers.get("X-Exported-Versions", "?")
+    if a.format == "kserve":
+        try:
+            written = _unpack(partial, out)
+        finally:
+            partial.unlink(missing_ok=True)
+        for path in written:
+            print(path)
+        print(f"wrote {len(written)} files to {out} (versions {versions}); apply with "
+              f"kubectl apply -f {out}", file=sys.stderr)
+        return 0
     partial.replace(out)
-    print(f"wrote {out} (versions {r.headers.get('X-Exported-Versions', '?')}, "
-          f"{out.stat().st_size} bytes)", file=sys.stderr)
+    print(f"wrote {out} (versions {versions}, {out.stat().st_size} bytes)", file=sys.stderr)
     return 0
+
+
+def _unpack(archive: Path, folder: Path) -> list[Path]:
+    """The archive's files under `folder`, without its top-level folder; tarfile's "data"
+    filter refuses links and paths that would leave `folder`."""
+    import tarfile
+
+    with tarfile.open(archive, "r:gz") as tar:
+        members = []
+        for m in tar.getmembers():
+            _, _, rest = m.name.partition("/")
+            if rest:
+                m.name = rest
+                members.append(m)
+        folder.mkdir(parents=True, exist_ok=True)
+        tar.extractall(folder, members=members, filter="data")
+    return sorted(folder / m.name for m in members if m.isfile())
 
 
 def cmd_tensorrt(c: Client, a) -> int:
@@ -251,11 +290,19 @@ def cmd_webhook_test(c: Client, a) -> int:
 
 
 def _integration_parsers(sub) -> None:
-    s = sub.add_parser("export", help="download a Triton model repository (.tar.gz)")
+    s = sub.add_parser("export", help="download a Triton model repository (.tar.gz), or "
+                       "KServe resources for what the endpoint routes (a folder of YAML)")
     s.add_argument("model")
-    s.add_argument("--versions", help="'all' (default: every ready version), 'stable' or 1,2")
-    s.add_argument("--format", default="triton", choices=["triton"])
-    s.add_argument("-o", "--output", required=True, help="the .tar.gz to write")
+    s.add_argument("--format", default="triton", choices=["triton", "kserve"])
+    s.add_argument("--versions", help="triton: 'all' (default: every ready version), 'stable' "
+                   "or 1,2")
+    s.add_argument("--runtime", default="mmc", choices=["mmc", "triton"],
+                   help="kserve: the ServingRuntime, mmc-serve (default) or Triton")
+    s.add_argument("--storage-uri", help="kserve: the artifact store as KServe reaches it "
+                   "(default: the server's MMC_KSERVE_STORAGE_URI)")
+    s.add_argument("--name", help="kserve: the InferenceService's name (default: the model's)")
+    s.add_argument("-o", "--output", required=True,
+                   help="triton: the .tar.gz to write; kserve: the folder to write the files to")
     s.set_defaults(fn=cmd_export)
     s = sub.add_parser("tensorrt", help="build a TensorRT engine for a version (GPU worker)")
     s.add_argument("model")

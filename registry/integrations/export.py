@@ -20,7 +20,7 @@ from serving.dataplane import triton_ensemble_config, triton_model_config
 from serving.pipeline_graph import PipelineGraph
 from serving.signature import batch_dimension
 
-FORMATS = ("triton",)
+FORMATS = ("triton", "kserve")  # kserve: registry/integrations/kserve.py
 KINDS = {"auto": None, "cpu": "KIND_CPU", "gpu": "KIND_GPU"}
 _GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 # Fields whose values are protobuf enums: written bare, not quoted.
@@ -182,65 +182,73 @@ def to_pbtxt(config: dict, indent: int = 0) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-class _Gzip:
-    """A gzip stream fed in pieces; counts the uncompressed bytes for tar's record padding."""
+class TarGzStream:
+    """A .tar.gz written in pieces: each method returns the compressed bytes to send next.
+    Counts the uncompressed bytes for tar's record padding at the end."""
 
     def __init__(self) -> None:
         self._z = zlib.compressobj(6, zlib.DEFLATED, 31)
         self.size = 0
+        self.mtime = int(time.time())
 
     def feed(self, data: bytes) -> bytes:
         self.size += len(data)
         return self._z.compress(data)
 
+    def directory(self, name: str) -> bytes:
+        info = tarfile.TarInfo(name.rstrip("/") + "/")
+        info.mtime, info.type, info.mode = self.mtime, tarfile.DIRTYPE, 0o755
+        return self.feed(info.tobuf(format=tarfile.PAX_FORMAT))
+
+    def _header(self, name: str, size: int) -> bytes:
+        info = tarfile.TarInfo(name)
+        info.mtime, info.size, info.mode = self.mtime, size, 0o644
+        return info.tobuf(format=tarfile.PAX_FORMAT)
+
+    def file(self, name: str, data: bytes) -> bytes:
+        return self.feed(self._header(name, len(data)) + data
+                         + b"\0" * (-len(data) % tarfile.BLOCKSIZE))
+
+    def stored(self, name: str, path, size: int) -> Iterator[bytes]:
+        """A file read from disk in CHUNK pieces (memory stays flat whatever its size); it
+        must be `size` bytes, as the header already said."""
+        yield self.feed(self._header(name, size))
+        sent = 0
+        with open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                sent += len(chunk)
+                out = self.feed(chunk)
+                if out:
+                    yield out
+        if sent != size:  # a short file would corrupt the tar
+            raise OSError(f"{name} is {sent} bytes, expected {size}")
+        yield self.feed(b"\0" * (-sent % tarfile.BLOCKSIZE))
+
     def end(self) -> bytes:
-        return self._z.flush()
+        tail = b"\0" * (2 * tarfile.BLOCKSIZE)
+        tail += b"\0" * (-(self.size + len(tail)) % tarfile.RECORDSIZE)
+        return self.feed(tail) + self._z.flush()
 
 
-def _member(name: str, size: int, *, directory: bool = False, mtime: float) -> bytes:
-    info = tarfile.TarInfo(name)
-    info.mtime = int(mtime)
-    if directory:
-        info.type, info.mode = tarfile.DIRTYPE, 0o755
-    else:
-        info.size, info.mode = size, 0o644
-    return info.tobuf(format=tarfile.PAX_FORMAT)
+def repository_members(tar: TarGzStream, export: TritonExport, store: ArtifactStore,
+                       prefix: str = "") -> Iterator[bytes]:
+    """`<prefix><model>/config.pbtxt` and `<prefix><model>/<n>/model.onnx` per version."""
+    root = prefix + export.model
+    yield tar.directory(root)
+    yield tar.file(f"{root}/config.pbtxt", export.pbtxt().encode())
+    for v in export.versions:
+        yield tar.directory(f"{root}/{v.number}")
+        if v.pipeline is not None:  # Triton's ensembles have no file of their own
+            continue
+        yield from tar.stored(f"{root}/{v.number}/model.onnx", store.path_for(v.sha256),
+                              v.size_bytes)
 
 
 def stream_tar_gz(export: TritonExport, store: ArtifactStore | None = None) -> Iterator[bytes]:
-    """The repository as .tar.gz chunks, reading each model.onnx in CHUNK pieces: memory stays
-    flat whatever the model size."""
+    """The repository as .tar.gz chunks (a pipeline's step models beside it), reading each
+    model.onnx in pieces: memory stays flat whatever the model size."""
+    tar = TarGzStream()
     store = store or default_store()
-    gz, now = _Gzip(), time.time()
     for part in [export, *export.steps]:
-        yield from _model_folder(part, gz, store, now)
-    tail = b"\0" * (2 * tarfile.BLOCKSIZE)
-    tail += b"\0" * (-(gz.size + len(tail)) % tarfile.RECORDSIZE)
-    yield gz.feed(tail) + gz.end()
-
-
-def _model_folder(export: TritonExport, gz: _Gzip, store: ArtifactStore,
-                  now: float) -> Iterator[bytes]:
-    """One model's folder: config.pbtxt and a numbered folder per version, holding model.onnx
-    (a pipeline's version folders stay empty: Triton's ensembles have no file of their own)."""
-    root = export.model
-    config = export.pbtxt().encode()
-    yield gz.feed(_member(f"{root}/", 0, directory=True, mtime=now)
-                  + _member(f"{root}/config.pbtxt", len(config), mtime=now) + config
-                  + b"\0" * (-len(config) % tarfile.BLOCKSIZE))
-    for v in export.versions:
-        yield gz.feed(_member(f"{root}/{v.number}/", 0, directory=True, mtime=now))
-        if v.pipeline is not None:
-            continue
-        yield gz.feed(_member(f"{root}/{v.number}/model.onnx", v.size_bytes, mtime=now))
-        sent = 0
-        with open(store.path_for(v.sha256), "rb") as f:
-            while chunk := f.read(CHUNK):
-                sent += len(chunk)
-                out = gz.feed(chunk)
-                if out:
-                    yield out
-        if sent != v.size_bytes:  # the header promised size_bytes; a short file corrupts the tar
-            raise OSError(f"artifact of {root}:{v.number} is {sent} bytes, expected "
-                          f"{v.size_bytes}")
-        yield gz.feed(b"\0" * (-sent % tarfile.BLOCKSIZE))
+        yield from repository_members(tar, part, store)
+    yield tar.end()
