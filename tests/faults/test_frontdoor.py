@@ -6,6 +6,7 @@ database."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -133,3 +134,19 @@ def test_a_replica_killed_under_load_costs_no_request_once_marked_down(
     assert after == [], after
     assert states == {"r1": "UP", "r2": "DOWN"}
     assert {r[3] for r in traffic.seen if r[0] > down} == {"r1"}
+
+
+def test_compose_publishes_inference_only_through_the_front_door_it_configures():
+    import yaml
+
+    compose = yaml.safe_load((frontdoor.REPO / "docker-compose.yml").read_text())["services"]
+    assert "ports" not in compose["serving"]  # replicas scale without host-port clashes
+    assert compose["frontdoor"]["ports"] == ["8080:8080"]
+    mount = "./deploy/haproxy.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro"
+    assert mount in compose["frontdoor"]["volumes"]
+    r = subprocess.run(["haproxy", "-c", "-f", str(frontdoor.CONFIG)], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    servers = [line.split() for line in frontdoor.CONFIG.read_text().splitlines()
+               if line.strip().startswith("server-template")]
+    assert [s[3] for s in servers] == ["serving:8001"] and "resolvers" in servers[0]
