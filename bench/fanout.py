@@ -59,6 +59,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-stats", action="store_true",
                    help="heartbeats without per-version stats (as for versions still loading): "
                         "the route fan-out alone, without the metric samples a heartbeat writes")
+    p.add_argument("--calibrate", type=int, default=3,
+                   help="calls of each kind by one replica alone, before the fleet starts")
     p.add_argument("--admin-url", default="postgres://postgres@127.0.0.1:5432/postgres")
     p.add_argument("--output", default=str(RESULTS))
     return p.parse_args(argv)
@@ -221,7 +223,8 @@ class SimulatedReplica:
                     for (m, v), s in self.stats.items()}
         observed = ObservedState(replica=self.name, revision=self.revision, versions=versions,
                                  degraded=None)
-        self.recorder.call("heartbeat", self.source.report, observed)
+        kind = "heartbeat + samples" if self.with_stats else "heartbeat"
+        self.recorder.call(kind, self.source.report, observed)
         self.beats.append(time.monotonic())
 
 
@@ -313,6 +316,7 @@ def main() -> int:
         print(f"[fanout] {db.name}: {args.endpoints} endpoints, {total_versions} versions; "
               f"{args.replicas} replicas on {args.workers} workers for {args.duration:g} s",
               flush=True)
+        solo = calibrate(args.calibrate)
         recorder = Recorder()
         replicas = [SimulatedReplica(i, recorder, stats=not args.no_stats)
                     for i in range(args.replicas)]
@@ -330,7 +334,7 @@ def main() -> int:
             t.join()
         elapsed, c1 = time.monotonic() - t0, os.times()
         after = db.stats()
-        text = report(args, db, total_versions, recorder, replicas, deploys, before, after,
+        text = report(args, db, total_versions, solo, recorder, replicas, deploys, before, after,
                       elapsed, (c1.user + c1.system) - (c0.user + c0.system))
     print(text)
     Path(args.output).write_text(text)
@@ -341,13 +345,43 @@ def main() -> int:
     return 0
 
 
-def report(args, db, total_versions, recorder, replicas, deploys, before, after, elapsed,
+def calibrate(n: int) -> Recorder:
+    """Each call kind `n` times by one replica alone, one after another: its cost without the
+    fleet's contention (still on a shared machine)."""
+    from django.db import connection
+
+    solo = Recorder()
+    replica = SimulatedReplica(999, solo, stats=False)
+    with connection.execute_wrapper(solo.statement):
+        for _ in range(n):
+            replica.seen = None  # as if the revision had moved: fetch, then heartbeat
+            replica.poll()
+        replica.with_stats = True
+        for _ in range(n):
+            replica.heartbeat()
+    return solo
+
+
+def report(args, db, total_versions, solo, recorder, replicas, deploys, before, after, elapsed,
            cpu) -> str:
     per_replica_versions = max((len(r.stats) for r in replicas), default=0)
     asked = {"revision poll": args.replicas / args.poll,
-             "heartbeat": args.replicas / args.heartbeat}
+             "heartbeat": args.replicas / args.heartbeat,
+             "heartbeat + samples": args.replicas / args.heartbeat}
     lines = [
         f"# Route-table fan-out on PostgreSQL ({dt.date.today()})", "",
+        f"One replica alone, {args.calibrate} calls of each kind, one after another:", "",
+        "| call | statements/call | call p50 ms | call max ms | statement p50 ms |",
+        "|---|---|---|---|---|",
+    ]
+    for kind in ("revision poll", "route fetch", "heartbeat", "heartbeat + samples"):
+        calls, stmts = solo.calls.get(kind, []), solo.statements.get(kind, [])
+        per = len(stmts) / len(calls) if calls else 0
+        lines.append(f"| {kind} | {per:,.1f} | {quantile(calls, 0.5) * 1e3:,.1f} | "
+                     f"{max(calls, default=float('nan')) * 1e3:,.1f} | "
+                     f"{quantile(stmts, 0.5) * 1e3:,.2f} |")
+    lines += [
+        "", "The fleet:", "",
         f"{args.replicas} simulated replicas × {args.endpoints} endpoints ({total_versions} "
         f"versions; each replica loads {per_replica_versions}"
         f"{', heartbeats without stats' if args.no_stats else ''}), poll {args.poll:g} s, "
@@ -360,7 +394,9 @@ def report(args, db, total_versions, recorder, replicas, deploys, before, after,
         "|---|---|---|---|---|---|---|---|---|",
     ]
     total_statements = 0
-    for kind in ("revision poll", "route fetch", "heartbeat"):
+    for kind in ("revision poll", "route fetch", "heartbeat", "heartbeat + samples"):
+        if kind not in recorder.calls:
+            continue
         calls, stmts = recorder.calls.get(kind, []), recorder.statements.get(kind, [])
         total_statements += len(stmts)
         want = f"{asked[kind]:,.0f}" if kind in asked else "on a new revision"
