@@ -214,6 +214,15 @@ class SimulatedReplica:
         self.applied[desired.revision] = time.monotonic()
         self.heartbeat()  # the reconciler reports at once after a new table
 
+    def first_fetch(self) -> None:
+        """A replica's start: the whole table, before the timed window (no heartbeat yet)."""
+        from serving.stats import VersionStats
+
+        self.seen = self.recorder.call("revision poll", self.source.revision)
+        desired = self.recorder.call("route fetch", self.source.fetch)
+        self.stats = {key: VersionStats(*key) for key in desired.versions}
+        self.revision = desired.revision
+
     def heartbeat(self) -> None:
         from serving.routes import ObservedState
 
@@ -317,9 +326,14 @@ def main() -> int:
               f"{args.replicas} replicas on {args.workers} workers for {args.duration:g} s",
               flush=True)
         solo = calibrate(args.calibrate)
-        recorder = Recorder()
-        replicas = [SimulatedReplica(i, recorder, stats=not args.no_stats)
+        start = Recorder()
+        replicas = [SimulatedReplica(i, start, stats=not args.no_stats)
                     for i in range(args.replicas)]
+        cold = cold_start(replicas, args.workers)
+        print(f"[fanout] cold start: every replica's first fetch in {cold:.1f} s", flush=True)
+        recorder = Recorder()
+        for r in replicas:
+            r.recorder = recorder
         before = db.stats()
         t0, c0 = time.monotonic(), os.times()
         schedule = Schedule(replicas, args, t0 + args.duration)
@@ -334,8 +348,9 @@ def main() -> int:
             t.join()
         elapsed, c1 = time.monotonic() - t0, os.times()
         after = db.stats()
-        text = report(args, db, total_versions, solo, recorder, replicas, deploys, before, after,
-                      elapsed, (c1.user + c1.system) - (c0.user + c0.system))
+        text = report(args, db, total_versions, solo, (cold, start), recorder, replicas,
+                      deploys, before, after, elapsed,
+                      (c1.user + c1.system) - (c0.user + c0.system))
     print(text)
     Path(args.output).write_text(text)
     cpu1 = os.times()
@@ -362,8 +377,27 @@ def calibrate(n: int) -> Recorder:
     return solo
 
 
-def report(args, db, total_versions, solo, recorder, replicas, deploys, before, after, elapsed,
-           cpu) -> str:
+def cold_start(replicas, workers: int) -> float:
+    """Every replica's first fetch at once on `workers` threads, as after a fleet restart."""
+    from django.db import connection
+
+    def fetch(chunk) -> None:
+        for r in chunk:
+            r.first_fetch()
+        connection.close()
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=fetch, args=(replicas[i::workers],))
+               for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.monotonic() - t0
+
+
+def report(args, db, total_versions, solo, cold, recorder, replicas, deploys, before, after,
+           elapsed, cpu) -> str:
     per_replica_versions = max((len(r.stats) for r in replicas), default=0)
     asked = {"revision poll": args.replicas / args.poll,
              "heartbeat": args.replicas / args.heartbeat,
@@ -380,8 +414,11 @@ def report(args, db, total_versions, solo, recorder, replicas, deploys, before, 
         lines.append(f"| {kind} | {per:,.1f} | {quantile(calls, 0.5) * 1e3:,.1f} | "
                      f"{max(calls, default=float('nan')) * 1e3:,.1f} | "
                      f"{quantile(stmts, 0.5) * 1e3:,.2f} |")
+    fetches = cold[1].calls.get("route fetch", [])
     lines += [
-        "", "The fleet:", "",
+        "", f"Cold start: all {args.replicas} replicas' first fetch at once on {args.workers} "
+        f"connections took {cold[0]:.1f} s (a fetch p50 {quantile(fetches, 0.5) * 1e3:,.0f} ms, "
+        f"p99 {quantile(fetches, 0.99) * 1e3:,.0f} ms). Then the fleet, timed from there:", "",
         f"{args.replicas} simulated replicas × {args.endpoints} endpoints ({total_versions} "
         f"versions; each replica loads {per_replica_versions}"
         f"{', heartbeats without stats' if args.no_stats else ''}), poll {args.poll:g} s, "
