@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import CLUSTERED  # noqa: F401 - the specs ask which mode runs
 from tests.replicas import free_port, wait_until
 
 REPO = Path(__file__).resolve().parent.parent

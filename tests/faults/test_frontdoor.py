@@ -16,6 +16,7 @@ import pytest
 
 from registry import samples
 from tests import frontdoor
+from tests.conftest import CLUSTERED
 from tests.replicas import replicas, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.faults,
@@ -84,7 +85,7 @@ def test_both_replicas_behind_the_front_door_follow_the_canary_weight(
         engineer, ready_model, tmp_path):
     ready_model("split", samples.mlp(seed=1))
     ready_model("split", samples.mlp(seed=2))
-    with replicas(2, embedded=not frontdoor.CLUSTERED, log_dir=tmp_path, **QUIET) as (r1, r2):
+    with replicas(2, embedded=not CLUSTERED, log_dir=tmp_path, **QUIET) as (r1, r2):
         door = frontdoor.FrontDoor(tmp_path, {"r1": r1.url[7:], "r2": r2.url[7:]}).start()
         try:
             post(engineer, "split", "deploy", {"version": 1})
@@ -108,7 +109,7 @@ def test_both_replicas_behind_the_front_door_follow_the_canary_weight(
 def test_a_replica_killed_under_load_costs_no_request_once_marked_down(
         engineer, ready_model, tmp_path):
     ready_model("steady", samples.mlp(seed=1))
-    with replicas(2, embedded=not frontdoor.CLUSTERED, log_dir=tmp_path, **QUIET) as (r1, r2):
+    with replicas(2, embedded=not CLUSTERED, log_dir=tmp_path, **QUIET) as (r1, r2):
         door = frontdoor.FrontDoor(tmp_path, {"r1": r1.url[7:], "r2": r2.url[7:]}).start()
         try:
             post(engineer, "steady", "deploy", {"version": 1})
