@@ -187,22 +187,26 @@ class RegistrySource:
             behind = observed.revision < current_revision()
             # behind_since keeps its first moment while the replica stays behind (converging,
             # then degraded past REPLICA_CONVERGE_SECONDS); at the revision it clears.
-            ReplicaHeartbeat.objects.update_or_create(
-                replica=observed.replica,
-                defaults={"revision": observed.revision, "versions": observed.versions,
-                          "degraded": (observed.degraded or "")[:200], "address": self.address,
-                          "started_at": self.started_at, "last_seen": now,
-                          "behind_since": Coalesce(F("behind_since"), Value(now)) if behind
-                          else None},
-                create_defaults={"revision": observed.revision, "versions": observed.versions,
-                                 "degraded": (observed.degraded or "")[:200],
-                                 "address": self.address, "started_at": self.started_at,
-                                 "last_seen": now, "behind_since": now if behind else None},
-            )
-            record_samples(observed.replica, observed.versions)
+            with transaction.atomic():  # the heartbeat and its samples: one commit
+                self._heartbeat(observed, now, behind)
         except Exception:
             connection.close()
             raise
+
+    def _heartbeat(self, observed: ObservedState, now, behind: bool) -> None:
+        ReplicaHeartbeat.objects.update_or_create(
+            replica=observed.replica,
+            defaults={"revision": observed.revision, "versions": observed.versions,
+                      "degraded": (observed.degraded or "")[:200], "address": self.address,
+                      "started_at": self.started_at, "last_seen": now,
+                      "behind_since": Coalesce(F("behind_since"), Value(now)) if behind
+                      else None},
+            create_defaults={"revision": observed.revision, "versions": observed.versions,
+                             "degraded": (observed.degraded or "")[:200],
+                             "address": self.address, "started_at": self.started_at,
+                             "last_seen": now, "behind_since": now if behind else None},
+        )
+        record_samples(observed.replica, observed.versions)
 
     def leave(self, replica: str) -> None:
         """A graceful shutdown: drop this replica's heartbeat, so it is not shown as lost."""
