@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 def _spec(version: ModelVersion, root) -> VersionSpec:
     return VersionSpec(
         model=version.model.name, version=str(version.number),
-        artifact_path=str(root.path_for(version.sha256)), sha256=version.sha256,
+        artifact_path=str(root.cached_path(version.sha256)), sha256=version.sha256,
         signature=version.signature,
         batching=BatchingConfig(
             max_batch_size=version.max_batch_size,
@@ -153,6 +153,11 @@ class RegistrySource:
         except Exception:
             connection.close()
             raise
+
+    def fetch_artifact(self, spec: VersionSpec) -> None:
+        """Make sure the version's blob is at `spec.artifact_path` before it loads: from an
+        object store, fetched into this host's cache and checked against its sha256."""
+        default_store().local_path(spec.sha256)
 
     def leave(self, replica: str) -> None:
         """A graceful shutdown: drop this replica's heartbeat, so it is not shown as lost."""

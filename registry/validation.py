@@ -128,9 +128,9 @@ def validate_version(version_id: int) -> str:
     else:
         store = default_store()
         try:
-            path = store.path_for(version.sha256)
-            if not path.exists() or not store.verify(version.sha256):
+            if not store.verify(version.sha256):
                 raise ValidationFailed("stored artifact is missing or does not match its sha256")
+            path = store.local_path(version.sha256)
             with every(lease().total_seconds() / 3, _renew, version_id):
                 signature, report = _inspect(path, version.size_bytes)
         except ValidationFailed as exc:

@@ -223,10 +223,20 @@ class Reconciler:
     async def _load(self, spec: VersionSpec) -> tuple[VersionSpec, LoadedVersion | str]:
         """One version loaded in the loader pool: the LoadedVersion, or why it failed."""
         self._loading[spec.key] = spec
+        fetch = getattr(self.source, "fetch_artifact", None)
+
+        def fetch_and_load() -> LoadedVersion:
+            if fetch is not None:
+                try:
+                    fetch(spec)
+                except Exception as exc:  # noqa: BLE001 - an object store raises many types
+                    raise LoadFailed(f"could not fetch the artifact: {exc}") from None
+            return load_version(spec, intra_op_threads=self.intra_op_threads,
+                                providers=self.providers)
+
         try:
             return spec, await asyncio.get_running_loop().run_in_executor(
-                self._loader, lambda: load_version(
-                    spec, intra_op_threads=self.intra_op_threads, providers=self.providers))
+                self._loader, fetch_and_load)
         except LoadFailed as exc:
             return spec, str(exc)
         except Exception as exc:  # noqa: BLE001 - any failure is that version's alone

@@ -176,7 +176,7 @@ def stream_tar_gz(export: TritonExport, store: ArtifactStore | None = None) -> I
         yield gz.feed(_member(f"{root}/{v.number}/", 0, directory=True, mtime=now))
         yield gz.feed(_member(f"{root}/{v.number}/model.onnx", v.size_bytes, mtime=now))
         sent = 0
-        with open(store.path_for(v.sha256), "rb") as f:
+        with store.open(v.sha256) as f:
             while chunk := f.read(CHUNK):
                 sent += len(chunk)
                 out = gz.feed(chunk)
