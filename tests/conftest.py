@@ -140,9 +140,7 @@ def backend(request, tmp_path, settings):
     else:
         server = request.getfixturevalue("s3_server")
         chosen = Backend("s3", root, f"s3://{server.new_bucket()}/artifacts", server.url)
-    settings.ARTIFACT_ROOT = root
-    settings.ARTIFACT_STORE, settings.AWS_ENDPOINT_URL = chosen.url, chosen.endpoint
-    return chosen
+    return chosen.select(settings)
 
 
 @pytest.fixture

@@ -66,6 +66,12 @@ class Backend:
     url: str = ""  # ARTIFACT_STORE
     endpoint: str = ""  # AWS_ENDPOINT_URL
 
+    def select(self, settings) -> Backend:
+        """Make this backend the one default_store() returns."""
+        settings.ARTIFACT_ROOT = self.root
+        settings.ARTIFACT_STORE, settings.AWS_ENDPOINT_URL = self.url, self.endpoint
+        return self
+
     def store(self, max_bytes: int = 64 * 1024 * 1024, root: Path | None = None):
         from registry.store.artifacts import FileStore
         from registry.store.s3 import S3Store
