@@ -16,7 +16,8 @@ from django.db import connection, transaction
 
 from registry.audit import Actor, record
 from registry.models import ModelVersion
-from registry.store.artifacts import ArtifactStore, StoredBlob, Temp, default_store
+from registry.store.artifacts import ArtifactStore, StoredBlob, default_store
+from registry.store.blobs import Temp
 
 log = logging.getLogger(__name__)
 

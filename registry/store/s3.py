@@ -34,7 +34,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from registry.store.artifacts import (
+from registry.store.blobs import (
     ArtifactStore,
     ArtifactUnavailable,
     BlobStat,
