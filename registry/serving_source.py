@@ -30,8 +30,9 @@ from registry.notify import CHANNEL, current_revision, subscribe_in_process
 from registry.roles import has_role
 from registry.routing import Routing
 from registry.services import endpoint_deploy
-from registry.store.artifacts import default_store
+from registry.store.artifacts import ArtifactUnavailable, default_store
 from serving.errors import Conflict, Forbidden, InvalidInput, ModelNotFound, Unauthorized
+from serving.reconciler import LoadFailed
 from serving.routes import BatchingConfig, DesiredState, ModelRoute, ObservedState, VersionSpec
 
 log = logging.getLogger(__name__)
@@ -156,8 +157,12 @@ class RegistrySource:
 
     def fetch_artifact(self, spec: VersionSpec) -> None:
         """Make sure the version's blob is at `spec.artifact_path` before it loads: from an
-        object store, fetched into this host's cache and checked against its sha256."""
-        default_store().local_path(spec.sha256)
+        object store, fetched into this host's cache and checked against its sha256. Missing
+        or wrong bytes fail the version; the store not answering is retried by the caller."""
+        try:
+            default_store().local_path(spec.sha256)
+        except ArtifactUnavailable as exc:
+            raise LoadFailed(str(exc)) from None
 
     def leave(self, replica: str) -> None:
         """A graceful shutdown: drop this replica's heartbeat, so it is not shown as lost."""
