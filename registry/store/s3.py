@@ -25,6 +25,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import urlsplit
@@ -47,9 +48,11 @@ from serving.hashing import file_sha256
 
 log = logging.getLogger(__name__)
 
-#: Bytes per multipart part (S3's minimum is 5 MiB, except the last): what an upload holds in
-#: memory at most, besides the chunk being received.
+#: Bytes per multipart part (S3's minimum is 5 MiB, except the last).
 PART = 8 * 1024 * 1024
+#: Parts on their way at once while the next one fills: receiving overlaps sending, and an
+#: upload holds at most (IN_FLIGHT + 1) parts in memory.
+IN_FLIGHT = 2
 #: Copy a finished upload to its content key in one CopyObject (S3 allows up to 5 GiB).
 COPY = TransferConfig(multipart_threshold=5 * 1024**3, multipart_chunksize=1024**3)
 NOT_FOUND = {"404", "NoSuchKey", "NoSuchUpload", "NotFound"}
@@ -64,7 +67,8 @@ class S3BlobWriter(StreamWriter):
         self.tmp_key = store.key(f"tmp/{uuid.uuid4().hex}")
         self._buffer = bytearray()
         self._upload_id: str | None = None
-        self._parts: list[dict] = []
+        self._parts: list[Future] = []  # each part's {"PartNumber", "ETag"}, in order
+        self._senders: ThreadPoolExecutor | None = None
         self._tmp_object = False  # the multipart upload completed: tmp_key is an object
 
     def _put(self, chunk: bytes) -> None:
@@ -73,15 +77,34 @@ class S3BlobWriter(StreamWriter):
             self._send_part()
 
     def _send_part(self) -> None:
-        s3, bucket = self.store.client, self.store.bucket
+        """Hand the filled buffer to a sender thread, waiting while IN_FLIGHT parts are on
+        their way; a part that failed fails the upload here."""
         if self._upload_id is None:
-            self._upload_id = s3.create_multipart_upload(Bucket=bucket,
-                                                         Key=self.tmp_key)["UploadId"]
-        number = len(self._parts) + 1
-        answer = s3.upload_part(Bucket=bucket, Key=self.tmp_key, UploadId=self._upload_id,
-                                PartNumber=number, Body=bytes(self._buffer))
-        self._parts.append({"PartNumber": number, "ETag": answer["ETag"]})
-        self._buffer.clear()
+            self._upload_id = self.store.client.create_multipart_upload(
+                Bucket=self.store.bucket, Key=self.tmp_key)["UploadId"]
+            self._senders = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="mmc-s3-part")
+        sending = [f for f in self._parts if not f.done()]
+        if len(sending) >= IN_FLIGHT:
+            wait(sending, return_when=FIRST_COMPLETED)
+        for done in self._parts:
+            if done.done() and done.exception() is not None:
+                raise done.exception()
+        body, self._buffer = self._buffer, bytearray()
+        self._parts.append(self._senders.submit(self._upload_part, len(self._parts) + 1, body))
+
+    def _upload_part(self, number: int, body: bytearray) -> dict:
+        answer = self.store.client.upload_part(
+            Bucket=self.store.bucket, Key=self.tmp_key, UploadId=self._upload_id,
+            PartNumber=number, Body=body)
+        return {"PartNumber": number, "ETag": answer["ETag"]}
+
+    def _stop_sending(self) -> None:
+        """Wait for the parts on their way (none may land after an abort) and end the threads."""
+        if self._senders is not None:
+            for part in self._parts:
+                part.cancel()
+            self._senders.shutdown(wait=True)
+            self._senders = None
 
     def finish(self) -> StoredBlob:
         """Make the blob visible under its digest in one step. Bytes already stored are
@@ -95,9 +118,11 @@ class S3BlobWriter(StreamWriter):
             else:
                 if self._buffer:
                     self._send_part()
+                parts = [part.result() for part in self._parts]
+                self._stop_sending()
                 s3.complete_multipart_upload(Bucket=bucket, Key=self.tmp_key,
                                              UploadId=self._upload_id,
-                                             MultipartUpload={"Parts": self._parts})
+                                             MultipartUpload={"Parts": parts})
                 self._upload_id, self._tmp_object = None, True
                 s3.copy({"Bucket": bucket, "Key": self.tmp_key}, bucket, key, Config=COPY)
                 s3.delete_object(Bucket=bucket, Key=self.tmp_key)
@@ -113,6 +138,7 @@ class S3BlobWriter(StreamWriter):
         garbage collection after the grace period."""
         s3, bucket = self.store.client, self.store.bucket
         self._buffer = bytearray()
+        self._stop_sending()
         try:
             if self._upload_id is not None:
                 s3.abort_multipart_upload(Bucket=bucket, Key=self.tmp_key,
