@@ -153,13 +153,25 @@ def main() -> None:
             assert r.status_code == 201, r.text
             rows.append((kind, seconds, (peak - rss0) / 1024))
         mb = src.stat().st_size / 1024**2
+        if moto is not None:  # the peer: boto3's own managed upload of the same file
+            import boto3
+
+            client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"],
+                                  aws_access_key_id="bench", aws_secret_access_key="bench",
+                                  region_name="us-east-1")
+            t0 = time.perf_counter()
+            with open(src, "rb") as f:
+                client.upload_fileobj(f, "mmc-bench", "ceiling/payload.bin")
+            rows.insert(0, ("boto3 upload_fileobj, no server (ceiling)",
+                            time.perf_counter() - t0, None))
         print(f"\nUpload of {mb:.0f} MB into the {args.store} store, {time.strftime('%Y-%m-%d')}, "
               f"{os.cpu_count()} cores\n")
         print("| path | MB/s | ratio to plain copy | server peak RSS growth |")
         print("|---|---|---|---|")
         print(f"| plain copy + fsync | {mb / copy_s:.0f} | 1.00 | - |")
         for kind, seconds, growth in rows:
-            print(f"| {kind} | {mb / seconds:.0f} | {copy_s / seconds:.2f} | {growth:.1f} MB |")
+            rss = "-" if growth is None else f"{growth:.1f} MB"
+            print(f"| {kind} | {mb / seconds:.0f} | {copy_s / seconds:.2f} | {rss} |")
     finally:
         server.terminate()
         server.wait(10)
