@@ -17,6 +17,7 @@ from registry.store.artifacts import ArtifactUnavailable, default_store
 from registry.store.gc import collect_garbage
 from tests.conftest import upload, wait_validated
 from tests.objectstore import Backend
+from tests.replicas import free_port
 
 
 @pytest.fixture
@@ -99,6 +100,22 @@ def test_upload_validate_download_and_serve_from_the_object_store(engineer, s3, 
     finally:
         loaded.batcher.close()
         loaded.runtime.unload()
+
+
+@pytest.mark.parametrize("size", [1000, 9 * 1024 * 1024], ids=["one-put", "multipart"])
+def test_an_upload_while_the_object_store_does_not_answer_is_a_503_and_registers_nothing(
+        engineer, settings, tmp_path, size):
+    from registry.models import ModelVersion
+
+    down = Backend("s3", tmp_path / "artifacts", "s3://mmc-unreachable/artifacts",
+                   f"http://127.0.0.1:{free_port()}").select(settings)  # nothing listens
+    assert engineer.post("/api/v1/models/", {"name": "m"}, format="json").status_code == 201
+    r = engineer.generic("PUT", "/api/v1/models/m/versions/upload/?filename=m.onnx",
+                         b"x" * size, content_type="application/octet-stream")
+    assert r.status_code == 503 and r["Retry-After"] == "5"
+    assert "did not answer" in r.json()["error"] and "nothing was kept" in r.json()["error"]
+    assert not ModelVersion.objects.exists()
+    assert [p for p in down.root.rglob("*") if p.is_file()] == []  # nothing kept locally
 
 
 def test_health_names_the_object_store_and_no_free_space_of_it(s3, settings):

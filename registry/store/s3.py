@@ -33,8 +33,9 @@ from urllib.parse import urlsplit
 import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
+from registry.errors import StoreUnavailable
 from registry.store.blobs import (
     ArtifactStore,
     ArtifactUnavailable,
@@ -74,7 +75,14 @@ class S3BlobWriter(StreamWriter):
     def _put(self, chunk: bytes) -> None:
         self._buffer += chunk
         if len(self._buffer) >= PART:
-            self._send_part()
+            try:
+                self._send_part()
+            except (BotoCoreError, ClientError) as exc:
+                self.abort()
+                raise self.store.unavailable(exc) from exc
+            except BaseException:
+                self.abort()
+                raise
 
     def _send_part(self) -> None:
         """Hand the filled buffer to a sender thread, waiting while IN_FLIGHT parts are on
@@ -127,6 +135,9 @@ class S3BlobWriter(StreamWriter):
                 s3.copy({"Bucket": bucket, "Key": self.tmp_key}, bucket, key, Config=COPY)
                 s3.delete_object(Bucket=bucket, Key=self.tmp_key)
                 self._tmp_object = False
+        except (BotoCoreError, ClientError) as exc:
+            self.abort()
+            raise self.store.unavailable(exc) from exc
         except BaseException:
             self.abort()
             raise
@@ -182,6 +193,11 @@ class S3Store(ArtifactStore):
     def writer(self) -> S3BlobWriter:
         return S3BlobWriter(self)
 
+    def unavailable(self, exc: BotoCoreError | ClientError) -> StoreUnavailable:
+        """What a client sees when the object store does not answer (or refuses): a 503."""
+        return StoreUnavailable(f"the artifact store {self.location} did not answer "
+                                f"({type(exc).__name__}); nothing was kept, try again")
+
     def ping(self) -> None:
         """Raise unless the bucket answers (health)."""
         self.client.head_bucket(Bucket=self.bucket)
@@ -203,7 +219,9 @@ class S3Store(ArtifactStore):
         except ClientError as exc:
             if _code(exc) in NOT_FOUND:
                 raise ArtifactUnavailable(f"blob {sha256} is not in {self.location}") from None
-            raise
+            raise self.unavailable(exc) from exc
+        except BotoCoreError as exc:
+            raise self.unavailable(exc) from exc
 
     def cached_path(self, sha256: str) -> Path:
         check_digest(sha256)
