@@ -99,6 +99,10 @@ class S3BlobWriter(StreamWriter):
                 raise done.exception()
         body, self._buffer = self._buffer, bytearray()
         self._parts.append(self._senders.submit(self._upload_part, len(self._parts) + 1, body))
+        if len(self._parts) == 1:
+            # Garbage collection dates an upload by its newest part; without one it falls back
+            # on the upload's start, which some servers (moto) misreport: have a part at once.
+            self._parts[0].result()
 
     def _upload_part(self, number: int, body: bytearray) -> dict:
         answer = self.store.client.upload_part(
