@@ -19,6 +19,7 @@ that do not match the digest.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -182,10 +183,7 @@ class S3Store(ArtifactStore):
         self.prefix = f"{prefix}/" if prefix else ""
         self.location = f"s3://{self.bucket}/{self.prefix}"
         self.cache_dir = self.local_root / "cache"
-        self.client = boto3.session.Session().client(
-            "s3", endpoint_url=endpoint_url,
-            config=Config(connect_timeout=5, read_timeout=60,
-                          retries={"mode": "standard", "max_attempts": 3}))
+        self.client = _client(endpoint_url)
 
     def key(self, name: str) -> str:
         return self.prefix + name
@@ -355,6 +353,16 @@ class S3Store(ArtifactStore):
                 return False
             raise
         return True
+
+
+@functools.lru_cache(maxsize=8)
+def _client(endpoint_url: str | None):
+    """One boto3 client per endpoint (thread-safe; making one reads botocore's service models,
+    which takes a while), with credentials from boto3's chain."""
+    return boto3.session.Session().client(
+        "s3", endpoint_url=endpoint_url,
+        config=Config(connect_timeout=5, read_timeout=60,
+                      retries={"mode": "standard", "max_attempts": 3}))
 
 
 def _code(exc: ClientError) -> str:
