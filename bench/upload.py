@@ -1,11 +1,15 @@
 """Upload throughput and server memory: a large file through the REST API vs a plain copy.
 
-    .venv/bin/python bench/upload.py [--mb 500]
+    .venv/bin/python bench/upload.py [--mb 500] [--store file|s3]
 
 Starts the embedded server (console + API) on a fresh data folder, uploads a random file of
 --mb megabytes with a raw-body PUT and with multipart, and reports MB/s as a ratio to copying the
 same file on the same disk (read + write + fsync, as the store does), and the server's peak RSS
 growth during the upload (VmHWM - VmRSS before; target < 64 MB).
+
+--store s3 puts the artifacts in an S3-compatible object store instead of the folder: a moto
+server (the dev extra's `moto[server]`) started on a free 127.0.0.1 port, in memory, on the same
+machine; the upload then streams as 8 MiB multipart parts and is copied to its content key.
 """
 
 from __future__ import annotations
@@ -55,6 +59,29 @@ def plain_copy(src: Path, dst: Path) -> float:
     return time.perf_counter() - t0
 
 
+def start_moto(env: dict, data_dir: Path) -> subprocess.Popen:
+    """A moto S3 server with one bucket; `env` then selects it (ARTIFACT_STORE and friends)."""
+    port = free_port()
+    env.update(ARTIFACT_STORE="s3://mmc-bench/artifacts", AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+               AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
+               AWS_DEFAULT_REGION="us-east-1")
+    moto = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                             str(port)], env=env, stdout=open(data_dir / "moto.log", "wb"),
+                            stderr=subprocess.STDOUT)
+    for _ in range(100):
+        try:
+            httpx.get(env["AWS_ENDPOINT_URL"] + "/moto-api/", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    import boto3
+
+    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id="bench",
+                 aws_secret_access_key="bench", region_name="us-east-1").create_bucket(
+        Bucket="mmc-bench")
+    return moto
+
+
 def chunks(path: Path, size: int = 1024 * 1024):
     with open(path, "rb") as f:
         while block := f.read(size):
@@ -64,12 +91,14 @@ def chunks(path: Path, size: int = 1024 * 1024):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=500)
+    ap.add_argument("--store", choices=("file", "s3"), default="file")
     args = ap.parse_args()
     data_dir = Path(tempfile.mkdtemp(prefix="mmc-bench-upload-"))
     env = {**os.environ, "MMC_DATA_DIR": str(data_dir), "DJANGO_SETTINGS_MODULE":
            "console.settings", "MMC_MAX_UPLOAD_BYTES": str(4 * 1024**3)}
     env.pop("DATABASE_URL", None)
     env.pop("REDIS_URL", None)
+    moto = start_moto(env, data_dir) if args.store == "s3" else None
     subprocess.run([sys.executable, "manage.py", "start", "--no-demo", "--no-serve"], cwd=REPO,
                    env=env, check=True, capture_output=True)
     token = subprocess.run(
@@ -124,15 +153,31 @@ def main() -> None:
             assert r.status_code == 201, r.text
             rows.append((kind, seconds, (peak - rss0) / 1024))
         mb = src.stat().st_size / 1024**2
-        print(f"\nUpload of {mb:.0f} MB, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores\n")
+        if moto is not None:  # the peer: boto3's own managed upload of the same file
+            import boto3
+
+            client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"],
+                                  aws_access_key_id="bench", aws_secret_access_key="bench",
+                                  region_name="us-east-1")
+            t0 = time.perf_counter()
+            with open(src, "rb") as f:
+                client.upload_fileobj(f, "mmc-bench", "ceiling/payload.bin")
+            rows.insert(0, ("boto3 upload_fileobj, no server (ceiling)",
+                            time.perf_counter() - t0, None))
+        print(f"\nUpload of {mb:.0f} MB into the {args.store} store, {time.strftime('%Y-%m-%d')}, "
+              f"{os.cpu_count()} cores\n")
         print("| path | MB/s | ratio to plain copy | server peak RSS growth |")
         print("|---|---|---|---|")
         print(f"| plain copy + fsync | {mb / copy_s:.0f} | 1.00 | - |")
         for kind, seconds, growth in rows:
-            print(f"| {kind} | {mb / seconds:.0f} | {copy_s / seconds:.2f} | {growth:.1f} MB |")
+            rss = "-" if growth is None else f"{growth:.1f} MB"
+            print(f"| {kind} | {mb / seconds:.0f} | {copy_s / seconds:.2f} | {rss} |")
     finally:
         server.terminate()
         server.wait(10)
+        if moto is not None:
+            moto.terminate()
+            moto.wait(10)
         shutil.rmtree(data_dir, ignore_errors=True)
 
 

@@ -15,6 +15,7 @@ from django.utils import timezone
 from registry import selectors
 from registry.convergence import silent_since
 from registry.notify import current_revision, redis_client
+from registry.store.artifacts import default_store
 from registry.store.space import GIB, free_space
 
 #: Seconds a probe's answer is reused, and the longest a request waits for a fresh one.
@@ -156,7 +157,19 @@ def serving() -> Check:
 
 
 def store() -> Check:
-    """The artifact store's free space: uploads and job files fail when it runs out."""
+    """The artifact store: free space of its folder (uploads and job files fail when it runs
+    out); with an object store, whether the bucket answers (an object store has no free-space
+    figure) and the free space left locally for the upload spool, job files and blob cache."""
+    local = _local_space()
+    if default_store().on_local_disk:
+        return local
+    remote = _object_store_probe()
+    if not remote.ok:
+        return remote
+    return Check("Store", local.ok, f"{remote.detail}; spool and cache: {local.detail}")
+
+
+def _local_space() -> Check:
     try:
         space = free_space()
     except OSError as exc:
@@ -166,6 +179,19 @@ def store() -> Check:
         return Check("Store", False, f"{detail}; below {settings.STORE_MIN_FREE_BYTES / GIB:.1f}"
                                      " GiB (MMC_STORE_MIN_FREE_BYTES)")
     return Check("Store", True, detail)
+
+
+def _ping_object_store() -> Check:
+    artifacts = default_store()
+    try:
+        artifacts.ping()
+        return Check("Store", True, f"object store {artifacts.location} reachable")
+    except Exception as exc:
+        return Check("Store", False,
+                     f"object store {artifacts.location} unreachable: {exc.__class__.__name__}")
+
+
+_object_store_probe = Probe("Store", _ping_object_store, REDIS_TTL)
 
 
 def checks(db: Check | None = None) -> list[Check]:

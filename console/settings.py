@@ -62,6 +62,13 @@ else:
         {"connect_timeout": env.int("MMC_DB_CONNECT_TIMEOUT", default=5)})
 
 ARTIFACT_ROOT = Path(env.str("ARTIFACT_ROOT", default=str(DATA_DIR / "artifacts"))).resolve()
+# Where model artifacts live: empty = the folder ARTIFACT_ROOT (a local disk or a ReadWriteMany
+# volume); s3://bucket/prefix = an S3-compatible object store (registry/store/s3.py), with
+# ARTIFACT_ROOT keeping only the upload spool, job files and a verified cache of blobs. The
+# endpoint comes from AWS_ENDPOINT_URL (empty = AWS), credentials from boto3's usual chain
+# (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_DEFAULT_REGION, ~/.aws, an instance role).
+ARTIFACT_STORE = env.str("ARTIFACT_STORE", default="")
+AWS_ENDPOINT_URL = env.str("AWS_ENDPOINT_URL", default="")
 MAX_UPLOAD_BYTES = env.int("MMC_MAX_UPLOAD_BYTES", default=2 * 1024**3)
 TRT_CACHE_DIR = Path(env.str("MMC_TRT_CACHE_DIR", default=str(DATA_DIR / "trt-cache"))).resolve()
 # Comma-separated execution providers to pin (e.g. "CPUExecutionProvider"); empty = best available.

@@ -64,6 +64,13 @@ class PayloadTooLarge(RegistryError):
     status = 413
 
 
+class StoreUnavailable(RegistryError):
+    """The artifact store (an object store) did not answer; nothing was kept: try again."""
+
+    status = 503
+    retry_after = 5
+
+
 class SignInRefused(RegistryError):
     """The identity was proven elsewhere (single sign-on), but this console does not let it in."""
 

@@ -33,10 +33,11 @@ from registry.routing import Routing
 from registry.services import endpoint_deploy
 from registry.services.loadtests import versions_under_test
 from registry.services.pipelines import batch_size
-from registry.store.artifacts import default_store
+from registry.store.artifacts import ArtifactUnavailable, default_store
 from serving.errors import Conflict, Forbidden, InvalidInput, ModelNotFound, Unauthorized
 from serving.pipeline_graph import PipelineGraph
 from serving.ratelimit import NO_LIMITS, Limits, PredictKey
+from serving.reconciler import LoadFailed
 from serving.routes import BatchingConfig, DesiredState, ModelRoute, ObservedState, VersionSpec
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ def _spec(version: ModelVersion, root, steps: dict | None = None) -> VersionSpec
         return _pipeline_spec(version, root, steps or {})
     return VersionSpec(
         model=version.model.name, version=str(version.number),
-        artifact_path=str(root.path_for(version.sha256)), sha256=version.sha256,
+        artifact_path=str(root.cached_path(version.sha256)), sha256=version.sha256,
         signature=version.signature,
         batching=BatchingConfig(
             max_batch_size=version.max_batch_size,
@@ -69,7 +70,7 @@ def _pipeline_spec(version: ModelVersion, root, steps: dict) -> VersionSpec:
     max_batch = batch_size(version.signature, found) if all(found) else 0
     return VersionSpec(
         model=version.model.name, version=str(version.number),
-        artifact_path=str(root.path_for(version.sha256)), sha256=version.sha256,
+        artifact_path=str(root.cached_path(version.sha256)), sha256=version.sha256,
         signature=version.signature, batching=BatchingConfig(max_batch_size=max_batch),
         max_output_bytes=version.max_output_bytes, pipeline=graph)
 
@@ -207,6 +208,15 @@ class RegistrySource:
                              "last_seen": now, "behind_since": now if behind else None},
         )
         record_samples(observed.replica, observed.versions)
+
+    def fetch_artifact(self, spec: VersionSpec) -> None:
+        """Make sure the version's blob is at `spec.artifact_path` before it loads: from an
+        object store, fetched into this host's cache and checked against its sha256. Missing
+        or wrong bytes fail the version; the store not answering is retried by the caller."""
+        try:
+            default_store().local_path(spec.sha256)
+        except ArtifactUnavailable as exc:
+            raise LoadFailed(str(exc)) from None
 
     def leave(self, replica: str) -> None:
         """A graceful shutdown: drop this replica's heartbeat, so it is not shown as lost."""

@@ -25,7 +25,7 @@ from registry.signatures import (
     runtime_compatibility_problem,
     runtime_too_new,
 )
-from registry.store.artifacts import default_store
+from registry.store.artifacts import ArtifactUnavailable, default_store
 from serving.runtime import OnnxRuntime, select_providers
 from serving.signature import DEFAULT_MAX_BATCH_SIZE, batch_dimension
 
@@ -128,9 +128,9 @@ def validate_version(version_id: int) -> str:
     else:
         store = default_store()
         try:
-            path = store.path_for(version.sha256)
-            if not path.exists() or not store.verify(version.sha256):
+            if not store.verify(version.sha256):
                 raise ValidationFailed("stored artifact is missing or does not match its sha256")
+            path = store.local_path(version.sha256)
             with every(lease().total_seconds() / 3, _renew, version_id):
                 signature, report = _inspect(path, version.size_bytes)
         except ValidationFailed as exc:
@@ -211,12 +211,12 @@ def backfill_weights_hashes(*, limit: int = 20) -> list[str]:
                .order_by("pk")[:limit])
     filled = []
     for version in pending:
-        path = store.path_for(version.sha256)
         try:
+            path = store.local_path(version.sha256)  # from an object store: fetched, checked
             digest = weights_sha256(onnx.load(str(path), load_external_data=False))
             why = "" if digest else "weights are stored outside the file"
-        except FileNotFoundError:
-            continue  # the artifact is gone: the store's health says so, nothing to learn here
+        except (FileNotFoundError, ArtifactUnavailable):
+            continue  # the artifact is gone or the store is down: its health says so; later
         except Exception as exc:  # not parseable as ONNX: mark it, never retry forever
             digest, why = "", f"{exc.__class__.__name__}: {exc}"[:200]
         with transaction.atomic():

@@ -31,6 +31,11 @@ class LoadFailed(Exception):
     """A version could not be verified, loaded or warmed up; the message is the reason."""
 
 
+class FetchFailed(Exception):
+    """The source could not fetch a version's artifact (an object store not answering): tried
+    again at every poll, unlike a LoadFailed, which waits for a new spec."""
+
+
 def load_version(spec: VersionSpec, *, intra_op_threads: int = 0,
                  providers: list[str] | None = None) -> LoadedVersion:
     """Verify, load and warm one version (blocking; call from a worker thread)."""
@@ -110,6 +115,7 @@ class Reconciler:
         self._failed: dict[tuple[str, str], tuple[VersionSpec, str]] = {}
         # Pipeline versions held back because a step is not loaded: key -> why.
         self._waiting: dict[tuple[str, str], str] = {}
+        self._unfetched: dict[tuple[str, str], str] = {}  # artifact fetch failed: retrying
         self._seen_revision: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         dataplane.source = source
@@ -196,7 +202,8 @@ class Reconciler:
                 return False
             self._set_degraded(None)
             await self._apply(desired)
-            self._seen_revision = revision
+            # an artifact that could not be fetched is tried again at the next poll
+            self._seen_revision = None if self._unfetched else revision
         await self.heartbeat()
         return True
 
@@ -227,8 +234,13 @@ class Reconciler:
             to_load.append(spec)
         results = await asyncio.gather(*(self._load(s) for s in to_load))
         fresh: dict[tuple[str, str], LoadedVersion] = {}
+        self._unfetched = {}
         for spec, outcome in results:
-            if isinstance(outcome, str):
+            if isinstance(outcome, FetchFailed):
+                self._unfetched[spec.key] = f"{outcome}; retrying"
+                log.warning("model %s version %s: %s; retrying", spec.model, spec.version,
+                            outcome)
+            elif isinstance(outcome, str):
                 self._failed[spec.key] = (spec, outcome)
                 log.warning("model %s version %s FAILED: %s", spec.model, spec.version, outcome)
             else:
@@ -237,17 +249,34 @@ class Reconciler:
                 fresh[spec.key] = outcome
         return fresh
 
-    async def _load(self, spec: VersionSpec) -> tuple[VersionSpec, LoadedVersion | str]:
-        """One version loaded in the loader pool: the LoadedVersion, or why it failed."""
+    async def _load(self, spec: VersionSpec
+                    ) -> tuple[VersionSpec, LoadedVersion | str | FetchFailed]:
+        """One version fetched (where the source fetches artifacts) and loaded in the loader
+        pool: the LoadedVersion, why it failed, or the FetchFailed to try again."""
         if spec.pipeline is not None:
             return spec, load_pipeline(spec, self.dataplane)
         self._loading[spec.key] = spec
+        fetch = getattr(self.source, "fetch_artifact", None)
+
+        def fetch_and_load() -> LoadedVersion:
+            if fetch is not None:
+                try:
+                    fetch(spec)
+                except LoadFailed:
+                    raise  # the artifact is there but wrong, or gone: that version fails
+                except Exception as exc:  # noqa: BLE001 - an object store raises many types
+                    raise FetchFailed(f"could not fetch the artifact: {type(exc).__name__}: "
+                                      f"{exc}") from None
+            return load_version(spec, intra_op_threads=self.intra_op_threads,
+                                providers=self.providers)
+
         try:
             return spec, await asyncio.get_running_loop().run_in_executor(
-                self._loader, lambda: load_version(
-                    spec, intra_op_threads=self.intra_op_threads, providers=self.providers))
+                self._loader, fetch_and_load)
         except LoadFailed as exc:
             return spec, str(exc)
+        except FetchFailed as exc:
+            return spec, exc
         except Exception as exc:  # noqa: BLE001 - any failure is that version's alone
             return spec, f"{type(exc).__name__}: {exc}"
         finally:
@@ -305,6 +334,8 @@ class Reconciler:
                 status[key] = ("FAILED", self._failed[key][1])
             elif key in self._waiting:
                 status[key] = ("UNAVAILABLE", self._waiting[key])
+            elif key in self._unfetched:
+                status[key] = ("UNAVAILABLE", self._unfetched[key])
             else:
                 status[key] = ("UNAVAILABLE", "not loaded")
         for key in set(self._failed) - set(desired.versions):
@@ -374,6 +405,9 @@ class Reconciler:
         for (model, version), reason in self._waiting.items():
             versions.setdefault(f"{model}:{version}", {
                 "state": "FAILED", "reason": reason, "providers": [], "queue_depth": 0})
+        for (model, version), reason in self._unfetched.items():
+            versions.setdefault(f"{model}:{version}", {
+                "state": "LOADING", "reason": reason, "providers": [], "queue_depth": 0})
         for (model, version) in self._loading:
             versions.setdefault(f"{model}:{version}", {
                 "state": "LOADING", "reason": None, "providers": [], "queue_depth": 0})

@@ -199,6 +199,12 @@ class DesiredStateSource(Protocol):
     def request_unload(self, model: str, authorization: str | None = None) -> None:
         """v2 repository extension: stop serving `model`; raises as request_load does."""
 
+    def fetch_artifact(self, spec: VersionSpec) -> None:
+        """Optional: put the version's artifact at `spec.artifact_path` (from an object store,
+        into this host's cache) before it loads. Blocking (runs in a loader thread). Raises
+        LoadFailed (serving.reconciler) when the artifact is missing or wrong: that version
+        fails; any other error (the store not answering) is tried again at the next poll."""
+
     def leave(self, replica: str) -> None:
         """The replica stopped gracefully (its last call): forget it rather than report it
         lost. Blocking (runs in a worker thread); a failure is logged by the caller."""

@@ -111,6 +111,38 @@ def throttles_reset():
     cache.clear()
 
 
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3-compatible server (moto's server mode) in its own process, one per run."""
+    from tests.objectstore import CREDENTIALS, MotoServer
+
+    saved = {k: os.environ.get(k) for k in CREDENTIALS}
+    os.environ.update(CREDENTIALS)  # boto3's credential chain, here and in child processes
+    server = MotoServer(tmp_path_factory.mktemp("moto"))
+    yield server
+    server.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(params=["file", "s3"])
+def backend(request, tmp_path, settings):
+    """Each artifact-store backend in turn (a folder; a bucket of its own on the S3 server),
+    selected in settings, so default_store() is that backend, with a fresh ARTIFACT_ROOT."""
+    from tests.objectstore import Backend
+
+    root = tmp_path / "artifacts"
+    if request.param == "file":
+        chosen = Backend("file", root)
+    else:
+        server = request.getfixturevalue("s3_server")
+        chosen = Backend("s3", root, f"s3://{server.new_bucket()}/artifacts", server.url)
+    return chosen.select(settings)
+
+
 @pytest.fixture
 def users(transactional_db):
     from django.contrib.auth.models import Group, User

@@ -46,7 +46,9 @@ def fraud(ready_model, engineer):
     return v1, v2
 
 
-def test_export_lays_out_a_triton_repository_with_every_ready_version(client_for, fraud):
+def test_export_lays_out_a_triton_repository_with_every_ready_version(backend, client_for,
+                                                                      fraud):
+    assert backend.names() == sorted(f"sha256/{v['sha256'][:2]}/{v['sha256']}" for v in fraud)
     viewer = client_for("viewer")
     tar = archive(viewer.get("/api/v1/models/fraud/export?format=triton"))
     assert files(tar) == ["fraud/1/model.onnx", "fraud/2/model.onnx", "fraud/config.pbtxt"]

@@ -55,24 +55,23 @@ REFUSALS = {
 
 
 @pytest.mark.parametrize("case", REFUSALS)
-def test_a_refused_upload_leaves_no_blob(engineer, users, case):
+def test_a_refused_upload_leaves_no_blob(engineer, users, backend, case):
     assert engineer.post("/api/v1/models/", {"name": "m"}, format="json").status_code == 201
     store = default_store()
     data = f"refused upload: {case}".encode() * 1000
     sha = hashlib.sha256(data).hexdigest()
-    blobs, temps = set(store.blobs()), set(store.tmp_dir.iterdir())
     send, status = REFUSALS[case]
     r = send(engineer, users, "m", data)
     assert r.status_code == status, r.content
-    assert not store.path_for(sha).exists()
-    assert set(store.blobs()) == blobs and set(store.tmp_dir.iterdir()) == temps
+    assert not store.exists(sha)
+    assert backend.names() == [] and store.temps() == []  # no blob, no temp file or upload
     assert not ModelVersion.objects.exists()
     # the same bytes, sent properly, are stored and registered
     assert raw_put(engineer, "m", data).status_code == 201
-    assert store.path_for(sha).exists()
+    assert store.exists(sha) and backend.names() == [f"sha256/{sha[:2]}/{sha}"]
 
 
-def test_a_refused_upload_keeps_a_blob_a_version_uses(engineer):
+def test_a_refused_upload_keeps_a_blob_a_version_uses(engineer, backend):
     assert engineer.post("/api/v1/models/", {"name": "m"}, format="json").status_code == 201
     data = b"registered bytes" * 1000
     first = upload(engineer, "m", data)
@@ -83,7 +82,7 @@ def test_a_refused_upload_keeps_a_blob_a_version_uses(engineer):
     assert r.status_code == 200 and b"".join(r.streaming_content) == data
 
 
-def test_registering_a_blob_removed_meanwhile_is_refused_not_left_dangling(engineer):
+def test_registering_a_blob_removed_meanwhile_is_refused_not_left_dangling(engineer, backend):
     """What the blob lock guards: a refused upload of the same bytes removed the blob between
     this upload storing it and registering it. The version is refused, not created without
     its artifact."""

@@ -1,8 +1,11 @@
 """Artifact store, garbage collection and recovery of interrupted validations."""
 
 import hashlib
+import os
 import subprocess
 import sys
+import time
+import tracemalloc
 from datetime import timedelta
 from shutil import which
 
@@ -12,37 +15,108 @@ from django.utils import timezone
 from registry import samples
 from registry.errors import PayloadTooLarge
 from registry.models import AuditEvent, ModelVersion, VersionStatus
-from registry.store.artifacts import ArtifactStore
 from registry.store.gc import collect_garbage
 from tests.conftest import REPO, upload, wait_validated
 
-
-def test_store_is_content_addressed_and_shares_identical_blobs(tmp_path):
-    store = ArtifactStore(tmp_path, max_bytes=10_000)
-    a = store.save_bytes(b"abc" * 100)
-    b = store.save_bytes(b"abc" * 100)
-    assert a.path == b.path and a.sha256 == hashlib.sha256(b"abc" * 100).hexdigest()
-    assert a.path.relative_to(tmp_path).parts == ("sha256", a.sha256[:2], a.sha256)
-    assert store.verify(a.sha256)
-    assert list(store.tmp_dir.iterdir()) == []
+MIB = 1024 * 1024
 
 
-def test_store_refuses_past_its_limit_and_leaves_nothing(tmp_path):
-    store = ArtifactStore(tmp_path, max_bytes=1000)
+def test_store_is_content_addressed_and_shares_identical_blobs(backend):
+    store = backend.store(max_bytes=10_000)
+    data = b"abc" * 100
+    a = store.save_bytes(data)
+    b = store.save_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    assert a.sha256 == b.sha256 == sha and a.size == len(data)
+    assert backend.names() == [f"sha256/{sha[:2]}/{sha}"]  # one blob, no temp left
+    assert list(store.blobs()) == [sha] and store.exists(sha) and store.verify(sha)
+    with store.open(sha) as f:
+        assert f.read() == data
+    assert store.local_path(sha).read_bytes() == data
+
+
+def test_store_refuses_past_its_limit_and_leaves_nothing(backend):
+    store = backend.store(max_bytes=20 * MIB)  # an object store has sent two parts by then
     with pytest.raises(PayloadTooLarge):
-        store.save_stream(iter([b"x" * 600, b"x" * 600]))
-    assert list(store.tmp_dir.iterdir()) == []
-    assert list(store.blobs()) == []
+        store.save_stream(iter([b"x" * (8 * MIB)] * 3))
+    assert backend.names() == []
+    assert list(store.blobs()) == [] and store.temps() == []
 
 
-def test_store_rejects_a_path_that_is_not_a_digest(tmp_path):
-    with pytest.raises(ValueError):
-        ArtifactStore(tmp_path, 10).path_for("../../etc/passwd")
+def test_store_rejects_a_name_that_is_not_a_digest(backend):
+    store = backend.store(max_bytes=10)
+    for call in (store.cached_path, store.stat, store.open, store.remove):
+        with pytest.raises(ValueError):
+            call("../../etc/passwd")
+
+
+def test_store_streams_a_large_upload_without_holding_it_in_memory(backend):
+    """An object store holds at most a few 8 MiB parts: the one filling, the ones sending."""
+    store = backend.store(max_bytes=256 * MIB)
+    chunk = os.urandom(MIB)
+    tracemalloc.start()
+    try:
+        blob = store.save_stream(chunk for _ in range(64))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert blob.size == 64 * MIB
+    assert blob.sha256 == hashlib.sha256(chunk * 64).hexdigest() and store.verify(blob.sha256)
+    assert peak < 32 * MIB, f"peak {peak / MIB:.0f} MiB of Python memory for a 64 MiB upload"
+
+
+def test_a_blob_becomes_visible_whole_or_not_at_all(backend):
+    store = backend.store()
+    data = os.urandom(20 * MIB)
+    sha = hashlib.sha256(data).hexdigest()
+    writer = store.writer()
+    for i in range(0, len(data), MIB):
+        writer.write(data[i:i + MIB])
+    # 20 MiB sent (a multipart upload in an object store): nothing is there under the digest
+    assert not store.exists(sha) and list(store.blobs()) == []
+    assert not any(name.startswith("sha256/") for name in backend.names())
+    assert [t.size for t in store.temps()] and all(t.mtime > time.time() - 60
+                                                   for t in store.temps())
+    blob = writer.finish()
+    assert blob.sha256 == sha and store.exists(sha) and list(store.blobs()) == [sha]
+    assert backend.names() == [f"sha256/{sha[:2]}/{sha}"] and store.temps() == []
+    with store.open(sha) as f:
+        assert hashlib.sha256(f.read()).hexdigest() == sha
+
+
+def test_an_aborted_upload_leaves_nothing(backend):
+    store = backend.store()
+    writer = store.writer()
+    for _ in range(20):
+        writer.write(b"y" * MIB)
+    writer.abort()
+    assert backend.names() == [] and store.temps() == []
 
 
 @pytest.mark.django_db(transaction=True)
-def test_gc_removes_only_unreferenced_blobs_past_the_grace(engineer, settings, tmp_path):
-    settings.ARTIFACT_ROOT = tmp_path / "artifacts"  # a store of its own: no other test's blobs
+def test_gc_sweeps_what_an_interrupted_upload_left_once_older_than_the_grace(backend):
+    """A writer abandoned mid-stream (its process killed) leaves a temp file, or an open
+    multipart upload; one still writing is left alone and finishes."""
+    store = backend.store()
+    crashed = store.writer()
+    for _ in range(10):
+        crashed.write(b"c" * MIB)  # never finished nor aborted
+    (left,) = store.temps()
+    time.sleep(2.2)  # object stores date things to the second: the grace is 2 s
+    writing = store.writer()
+    for _ in range(10):
+        writing.write(b"w" * MIB)
+    done = collect_garbage(store=store, grace=timedelta(seconds=2))
+    assert done["temp_paths"] == [left.name] and done["temp_bytes"] == left.size > 0
+    assert [t.name for t in store.temps()] != [left.name] and len(store.temps()) == 1
+    blob = writing.finish()
+    assert backend.names() == [f"sha256/{blob.sha256[:2]}/{blob.sha256}"]
+    event = AuditEvent.objects.get(action="artifacts.gc")
+    assert event.target == store.location and event.after["temp_paths"] == [left.name]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gc_removes_only_unreferenced_blobs_past_the_grace(engineer, backend):
     engineer.post("/api/v1/models/", {"name": "kept"}, format="json")
     kept = upload(engineer, "kept", samples.mlp()).json()["sha256"]
     from registry.store.artifacts import default_store
@@ -52,10 +126,11 @@ def test_gc_removes_only_unreferenced_blobs_past_the_grace(engineer, settings, t
     fresh = collect_garbage(grace=timedelta(hours=1))
     assert fresh["blobs"] == []  # too young: may belong to an upload still committing
     dry = collect_garbage(grace=timedelta(0), dry_run=True)
-    assert dry["blobs"] == [orphan] and store.path_for(orphan).exists()
+    assert dry["blobs"] == [orphan] and store.exists(orphan)
     done = collect_garbage(grace=timedelta(0))
     assert done["blobs"] == [orphan]
-    assert not store.path_for(orphan).exists() and store.path_for(kept).exists()
+    assert not store.exists(orphan) and store.exists(kept)
+    assert backend.names() == [f"sha256/{kept[:2]}/{kept}"]
     assert AuditEvent.objects.filter(action="artifacts.gc").count() == 1
 
 

@@ -1,4 +1,4 @@
-"""Multipart uploads stream straight into a HashingWriter while they arrive: no copy in memory,
+"""Multipart uploads stream straight into a StreamWriter while they arrive: no copy in memory,
 no second temporary file. Model artifacts go into the artifact store, datasets under jobs/."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from django.conf import settings
 from django.core.files.uploadhandler import FileUploadHandler
 
 from registry.errors import InvalidRequest
-from registry.store.artifacts import CHUNK, ArtifactStore, BlobWriter, StoredBlob
+from registry.store.artifacts import CHUNK, ArtifactStore, StoredBlob
 from registry.store.files import FileWriter
 from registry.store.gc import discard_unreferenced
-from registry.store.writer import HashingWriter
+from registry.store.writer import StreamWriter
 
 
 class StreamingUploadHandler(FileUploadHandler):
@@ -24,12 +24,12 @@ class StreamingUploadHandler(FileUploadHandler):
 
     def __init__(self, request=None):
         super().__init__(request)
-        self.writer: HashingWriter | None = None
+        self.writer: StreamWriter | None = None
 
-    def open_writer(self) -> HashingWriter:
+    def open_writer(self) -> StreamWriter:
         raise NotImplementedError
 
-    def uploaded(self, writer: HashingWriter):
+    def uploaded(self, writer: StreamWriter):
         """What request.FILES["file"] holds for the finished `writer`."""
         raise NotImplementedError
 
@@ -91,10 +91,10 @@ class StoreUploadHandler(StreamingUploadHandler):
         super().__init__(request)
         self.store = store
 
-    def open_writer(self) -> BlobWriter:
+    def open_writer(self) -> StreamWriter:
         return self.store.writer()
 
-    def uploaded(self, writer: BlobWriter) -> StoredUpload:
+    def uploaded(self, writer) -> StoredUpload:
         blob = writer.finish()
         remember_blob(self.request, blob)
         return StoredUpload(self.file_name or "", blob)

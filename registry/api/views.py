@@ -307,11 +307,11 @@ class VersionArtifactView(APIView):
     @extend_schema(responses={(200, "application/octet-stream"): bytes})
     def get(self, request, name, number):
         version = selectors.version_get(name, number)
-        path = default_store().path_for(version.sha256)
-        response = FileResponse(open(path, "rb"), as_attachment=True,
+        response = FileResponse(default_store().open(version.sha256), as_attachment=True,
                                 filename=f"{name}-v{number}.onnx",
                                 content_type="application/octet-stream")
         response["X-Checksum-Sha256"] = version.sha256
+        response["Content-Length"] = version.size_bytes  # an object store's stream has no size
         return response
 
 

@@ -209,12 +209,13 @@ class TarGzStream:
         return self.feed(self._header(name, len(data)) + data
                          + b"\0" * (-len(data) % tarfile.BLOCKSIZE))
 
-    def stored(self, name: str, path, size: int) -> Iterator[bytes]:
-        """A file read from disk in CHUNK pieces (memory stays flat whatever its size); it
-        must be `size` bytes, as the header already said."""
+    def stored(self, name: str, opened, size: int) -> Iterator[bytes]:
+        """A file read in CHUNK pieces from `opened` (a context manager giving a binary file:
+        the artifact store's open), so memory stays flat whatever its size; it must be `size`
+        bytes, as the header already said."""
         yield self.feed(self._header(name, size))
         sent = 0
-        with open(path, "rb") as f:
+        with opened as f:
             while chunk := f.read(CHUNK):
                 sent += len(chunk)
                 out = self.feed(chunk)
@@ -240,7 +241,7 @@ def repository_members(tar: TarGzStream, export: TritonExport, store: ArtifactSt
         yield tar.directory(f"{root}/{v.number}")
         if v.pipeline is not None:  # Triton's ensembles have no file of their own
             continue
-        yield from tar.stored(f"{root}/{v.number}/model.onnx", store.path_for(v.sha256),
+        yield from tar.stored(f"{root}/{v.number}/model.onnx", store.open(v.sha256),
                               v.size_bytes)
 
 

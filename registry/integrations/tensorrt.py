@@ -75,7 +75,7 @@ def build_engine(version_id: int, precision: str) -> dict:
     with transaction.atomic():
         save_status(version.pk, precision, entry)
     started = time.perf_counter()
-    runtime = OnnxRuntime(str(default_store().path_for(version.sha256)),
+    runtime = OnnxRuntime(str(default_store().local_path(version.sha256)),
                           providers=[TENSORRT, CPU], trt_cache_dir=folder,
                           trt_fp16=precision == "fp16", trt_profile=profile,
                           graph_optimization_level=version.graph_optimization_level)

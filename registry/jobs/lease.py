@@ -144,7 +144,7 @@ def session_for(version: ModelVersion):
         store = default_store()
         if not store.verify(version.sha256):
             raise JobFailed(f"stored artifact of {version} does not match its sha256")
-        runtime = OnnxRuntime(store.path_for(version.sha256),
+        runtime = OnnxRuntime(store.local_path(version.sha256),
                               providers=select_providers(settings.ORT_PROVIDERS or None),
                               intra_op_threads=version.intra_op_threads,
                               graph_optimization_level=version.graph_optimization_level,

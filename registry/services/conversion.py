@@ -31,7 +31,7 @@ from registry.models import ModelVersion
 from registry.selectors import version_get
 from registry.services.versions import version_upload
 from registry.signatures import default_opset, extract_signature, runtime_too_new
-from registry.store.artifacts import default_store
+from registry.store.artifacts import ArtifactUnavailable, default_store
 from serving.dtypes import NUMPY_DTYPES
 
 #: Generated inputs: a fixed seed, so a refusal or a max abs diff can be reproduced.
@@ -181,9 +181,11 @@ def version_convert(*, model_name: str, number: int,
                               f"{limit} bytes converted in a request (MMC_CONVERT_MAX_BYTES); "
                               f"convert it with onnx.version_converter and upload the result",
                               field="version")
-    path = default_store().path_for(source.sha256)
-    if not path.exists():
-        raise LifecycleError(f"the artifact of version {number} is missing from the store")
+    try:
+        path = default_store().local_path(source.sha256)
+    except ArtifactUnavailable:
+        raise LifecycleError(f"the artifact of version {number} is missing from the "
+                             f"store") from None
     try:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError):

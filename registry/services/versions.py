@@ -11,7 +11,7 @@ from registry.evaluation import clean_lineage, clean_metrics, merge_patch
 from registry.models import ModelVersion, VersionStatus
 from registry.notify import bump_revision
 from registry.services.catalog import lock_model
-from registry.store.artifacts import StoredBlob
+from registry.store.artifacts import StoredBlob, default_store
 from registry.store.gc import lock_blob
 from registry.validation import queue_validation
 from serving.signature import batch_dimension
@@ -59,7 +59,7 @@ def version_upload(*, model_name: str, blob: StoredBlob, actor: Actor, filename:
             validation_heartbeat_at=timezone.now(),  # queued: the recovery tick's clock starts
         )
         lock_blob(blob.sha256)  # a refused upload of the same bytes may be removing the blob
-        if not blob.path.exists():
+        if not default_store().exists(blob.sha256):
             raise LifecycleError("the artifact was removed while it was being registered (a "
                                  "refused upload of the same bytes); upload it again",
                                  field="file")

@@ -1,34 +1,45 @@
-"""Content-addressed artifact store: blobs live at sha256/<2 hex>/<64 hex> under ARTIFACT_ROOT.
+"""Content-addressed artifact store: a blob is named by its sha256 (sha256/<2 hex>/<64 hex>).
 
-Writes stream to a temporary file in the store's own folder while hashing (store/writer.py), are
-fsynced and renamed atomically, so a reader never sees a partial blob and a crash leaves only a
-temp file behind.
+Two backends keep the same contract: `FileStore`, a folder (ARTIFACT_ROOT, a local disk or a
+ReadWriteMany volume), and `S3Store` (store/s3.py), a bucket of an S3-compatible object store
+(ARTIFACT_STORE=s3://bucket/prefix). Either way a write streams while it is hashed and only a
+whole blob ever becomes visible under its digest; an interrupted write leaves at most a
+temporary object that garbage collection (store/gc.py) sweeps after the grace period.
+
+Whatever the backend, the local folder ARTIFACT_ROOT still holds Django's upload spool (tmp/),
+job files (jobs/) and, for an object store, verified copies of blobs (cache/) that onnxruntime
+loads from.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from django.conf import settings
 
+from registry.store.blobs import (
+    ArtifactStore,
+    ArtifactUnavailable,
+    BlobStat,
+    StoredBlob,
+    check_digest,
+    stat_or_none,
+)
 from registry.store.writer import CHUNK, HashingWriter
 from serving.hashing import file_sha256
 
-
-@dataclass(frozen=True)
-class StoredBlob:
-    sha256: str
-    size: int
-    path: Path
+__all__ = ["CHUNK", "ArtifactStore", "ArtifactUnavailable", "BlobStat", "FileStore",
+           "StoredBlob", "default_store"]
 
 
 class BlobWriter(HashingWriter):
-    """One upload in progress into the store. `write` chunks, then `finish` (or `abort`)."""
+    """One upload in progress into a FileStore: a temp file in tmp/, renamed into place."""
 
-    def __init__(self, store: ArtifactStore):
+    def __init__(self, store: FileStore):
         super().__init__(tmp_dir=store.tmp_dir, limit=store.max_bytes, what="artifact",
                          field="file", prefix="upload-")
         self.store = store
@@ -47,47 +58,73 @@ class BlobWriter(HashingWriter):
         return StoredBlob(sha256=sha, size=self.size, path=final)
 
 
-class ArtifactStore:
+class FileStore(ArtifactStore):
+    """Blobs as files under a folder: fsynced temp file, then an atomic rename."""
+
+    on_local_disk = True
+
     def __init__(self, root: Path, max_bytes: int):
+        super().__init__(root, max_bytes)
         self.root = Path(root)
-        self.max_bytes = max_bytes
-        self.tmp_dir = self.root / "tmp"
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        self.location = str(self.root)
 
     def path_for(self, sha256: str) -> Path:
-        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
-            raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+        check_digest(sha256)
         return self.root / "sha256" / sha256[:2] / sha256
 
     def writer(self) -> BlobWriter:
         return BlobWriter(self)
 
-    def save_stream(self, chunks: Iterable[bytes]) -> StoredBlob:
-        writer = self.writer()
-        try:
-            for chunk in chunks:
-                writer.write(chunk)
-        except BaseException:
-            writer.abort()
-            raise
-        return writer.finish()
+    def stat(self, sha256: str) -> BlobStat | None:
+        st = stat_or_none(self.path_for(sha256))
+        return None if st is None else BlobStat(st.st_size, st.st_mtime)
 
-    def save_bytes(self, data: bytes) -> StoredBlob:
-        return self.save_stream([data[i:i + CHUNK] for i in range(0, len(data), CHUNK)] or [b""])
+    def open(self, sha256: str) -> BinaryIO:
+        try:
+            return open(self.path_for(sha256), "rb")
+        except FileNotFoundError:
+            raise ArtifactUnavailable(f"blob {sha256} is not in the store") from None
+
+    def cached_path(self, sha256: str) -> Path:
+        return self.path_for(sha256)
+
+    def local_path(self, sha256: str) -> Path:
+        path = self.path_for(sha256)
+        if not path.is_file():
+            raise ArtifactUnavailable(f"blob {sha256} is not in the store")
+        return path
 
     def verify(self, sha256: str) -> bool:
-        """Re-hash a stored blob: serving checks this before loading it."""
-        return file_sha256(self.path_for(sha256)) == sha256
+        path = self.path_for(sha256)
+        return path.is_file() and file_sha256(path) == sha256
 
-    def blobs(self) -> Iterable[str]:
+    def blob_stats(self) -> Iterator[tuple[str, BlobStat]]:
         base = self.root / "sha256"
         if base.exists():
             for p in base.glob("*/*"):
-                yield p.name
+                if (st := stat_or_none(p)) is not None:
+                    yield p.name, BlobStat(st.st_size, st.st_mtime)
 
     def remove(self, sha256: str) -> None:
         self.path_for(sha256).unlink(missing_ok=True)
 
 
 def default_store() -> ArtifactStore:
-    return ArtifactStore(settings.ARTIFACT_ROOT, settings.MAX_UPLOAD_BYTES)
+    """The store settings name: ARTIFACT_STORE=s3://bucket/prefix, else the folder ARTIFACT_ROOT."""
+    url = settings.ARTIFACT_STORE
+    if url.startswith("s3://"):
+        return _s3_store(url, settings.AWS_ENDPOINT_URL, Path(settings.ARTIFACT_ROOT),
+                         settings.MAX_UPLOAD_BYTES)
+    if url:
+        raise ValueError(f"ARTIFACT_STORE must be empty (the folder ARTIFACT_ROOT) or "
+                         f"s3://bucket/prefix, not {url!r}")
+    return FileStore(settings.ARTIFACT_ROOT, settings.MAX_UPLOAD_BYTES)
+
+
+@functools.lru_cache(maxsize=8)
+def _s3_store(url: str, endpoint_url: str, local_root: Path, max_bytes: int) -> ArtifactStore:
+    """One S3Store (and its boto3 client, thread-safe and slow to make) per configuration."""
+    from registry.store.s3 import S3Store  # boto3 only where an object store is configured
+
+    return S3Store(url, endpoint_url=endpoint_url or None, local_root=local_root,
+                   max_bytes=max_bytes)

@@ -1,6 +1,7 @@
 """Artifact garbage collection: a blob goes only when no version references it. The periodic
 collector waits for a grace period (an upload writes its blob before its version row commits);
-a refused upload removes its own blob at once.
+a refused upload removes its own blob at once. What interrupted writes left (temp files, tmp/
+objects and open multipart uploads of an object store) goes once untouched for the grace period.
 
 Removing a blob and registering a version that references it serialise on the blob's lock
 (`lock_blob`), so neither can miss the other."""
@@ -10,13 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from datetime import timedelta
-from pathlib import Path
 
 from django.db import connection, transaction
 
 from registry.audit import Actor, record
 from registry.models import ModelVersion
 from registry.store.artifacts import ArtifactStore, StoredBlob, default_store
+from registry.store.blobs import Temp
 
 log = logging.getLogger(__name__)
 
@@ -50,40 +51,31 @@ def discard_unreferenced(blob: StoredBlob, *, store: ArtifactStore | None = None
 BATCH = 256
 
 
-def temp_dirs(store: ArtifactStore) -> list[Path]:
-    """Where uploads stage their bytes: the store's tmp/ (blob writer, Django's
-    FILE_UPLOAD_TEMP_DIR) and jobs/tmp/ (request bodies and datasets of jobs)."""
-    return [store.tmp_dir, store.root / "jobs" / "tmp"]
-
-
-def stale_temp_files(store: ArtifactStore, cutoff: float) -> list[Path]:
-    """Temp files not written since `cutoff`: left by a crash (kill -9, power loss) mid-upload.
-    An upload in progress keeps writing, so its file's modification time stays fresh."""
-    found = []
-    for folder in temp_dirs(store):
-        if folder.is_dir():
-            found += [p for p in folder.iterdir() if p.is_file() and _mtime(p) < cutoff]
-    return sorted(found)
+def stale_temps(store: ArtifactStore, cutoff: float) -> list[Temp]:
+    """What interrupted writes left, untouched since `cutoff` (kill -9 or power loss mid-upload).
+    A write in progress keeps its temp fresh, so it is never among them."""
+    return sorted((t for t in store.temps() if t.mtime < cutoff), key=lambda t: t.name)
 
 
 def collect_garbage(*, store: ArtifactStore | None = None, grace: timedelta = timedelta(hours=1),
                     dry_run: bool = False) -> dict:
-    """Remove blobs no version references and stale temp files, both older than `grace`; each
-    run that removes something is audited (artifacts.gc) with what it removed."""
+    """Remove blobs no version references and stale temps, both older than `grace`; each run
+    that removes something is audited (artifacts.gc) with what it removed."""
     store = store or default_store()
     cutoff = time.time() - grace.total_seconds()
     referenced = set(ModelVersion.objects.values_list("sha256", flat=True))
-    candidates = [sha for sha in store.blobs()
-                  if sha not in referenced and _mtime(store.path_for(sha)) < cutoff]
-    temps = stale_temp_files(store, cutoff)
+    candidates = sorted((sha, stat.size) for sha, stat in store.blob_stats()
+                        if sha not in referenced and stat.mtime < cutoff)
+    temps = stale_temps(store, cutoff)
     if dry_run:
-        freed = sum(_size(store.path_for(sha)) for sha in candidates)
-        temp_bytes = sum(_size(p) for p in temps)
-        return {"blobs": candidates, "bytes": freed + temp_bytes, "temp_files": len(temps),
-                "temp_paths": [_name(store, p) for p in temps], "temp_bytes": temp_bytes,
-                "dry_run": True}
+        freed = sum(size for _, size in candidates)
+        temp_bytes = sum(t.size for t in temps)
+        return {"blobs": [sha for sha, _ in candidates], "bytes": freed + temp_bytes,
+                "temp_files": len(temps), "temp_paths": [t.name for t in temps],
+                "temp_bytes": temp_bytes, "dry_run": True}
     removed, freed, temps_removed, temp_bytes = [], 0, [], 0
-    batches = [candidates[i:i + BATCH] for i in range(0, len(candidates), BATCH)]
+    shas = [sha for sha, _ in candidates]
+    batches = [shas[i:i + BATCH] for i in range(0, len(shas), BATCH)]
     for i, batch in enumerate(batches or ([[]] if temps else [])):
         with transaction.atomic():
             # re-check under the blobs' locks: a version may have been registered meanwhile, or
@@ -92,17 +84,17 @@ def collect_garbage(*, store: ArtifactStore | None = None, grace: timedelta = ti
                 lock_blob(sha)
             referenced = set(ModelVersion.objects.filter(sha256__in=batch)
                              .values_list("sha256", flat=True))
-            batch = [sha for sha in batch
-                     if sha not in referenced and _mtime(store.path_for(sha)) < cutoff]
-            size = sum(_size(store.path_for(sha)) for sha in batch)
+            stats = {sha: store.stat(sha) for sha in batch if sha not in referenced}
+            batch = [sha for sha, stat in stats.items() if stat is not None and stat.mtime < cutoff]
+            size = sum(stats[sha].size for sha in batch)
             for sha in batch:
                 store.remove(sha)
-            gone = _remove_temps(temps, cutoff) if i == 0 else []
-            gone_bytes = sum(n for _, n in gone)
-            names = [_name(store, p) for p, _ in gone]
+            gone = [t for t in temps if store.remove_temp(t, cutoff)] if i == 0 else []
+            gone_bytes = sum(t.size for t in gone)
+            names = [t.name for t in gone]
             if batch or gone:
                 record(Actor.system("gc"), "artifacts.gc", target_type="store",
-                       target=str(store.root),
+                       target=store.location,
                        after={"blobs": batch, "bytes": size + gone_bytes,
                               "temp_files": len(gone), "temp_paths": names,
                               "temp_bytes": gone_bytes})
@@ -111,38 +103,7 @@ def collect_garbage(*, store: ArtifactStore | None = None, grace: timedelta = ti
         temps_removed += names
         temp_bytes += gone_bytes
     if temps_removed:
-        log.info("removed %d stale temp file(s), %d bytes: %s", len(temps_removed), temp_bytes,
+        log.info("removed %d stale temp(s), %d bytes: %s", len(temps_removed), temp_bytes,
                  ", ".join(temps_removed))
     return {"blobs": removed, "bytes": freed, "temp_files": len(temps_removed),
             "temp_paths": temps_removed, "temp_bytes": temp_bytes, "dry_run": False}
-
-
-def _remove_temps(temps: list[Path], cutoff: float) -> list[tuple[Path, int]]:
-    """Unlink each temp file still untouched since `cutoff` (looked at again: an upload may have
-    written to it since the listing); the removed ones with their sizes."""
-    gone = []
-    for path in temps:
-        size = _size(path)
-        if _mtime(path) < cutoff:
-            path.unlink(missing_ok=True)
-            gone.append((path, size))
-    return gone
-
-
-def _name(store: ArtifactStore, path: Path) -> str:
-    return str(path.relative_to(store.root))
-
-
-def _mtime(path) -> float:
-    """Modification time; a file removed meanwhile counts as brand new (nothing to collect)."""
-    try:
-        return path.stat().st_mtime
-    except FileNotFoundError:
-        return float("inf")
-
-
-def _size(path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0

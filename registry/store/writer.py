@@ -1,5 +1,6 @@
-"""The one way bytes come in: streamed to a temporary file while they are hashed (sha256) and
-counted against a limit, then fsynced and renamed into place.
+"""The one way bytes come in: hashed (sha256) and counted against a limit while they stream to
+where they are staged (a temporary file here; a multipart upload in store/s3.py), then put into
+place at once.
 
 A reader never sees a partial file, and a crash (or a refused upload) leaves at most a temporary
 file behind. Artifacts (store/artifacts.py) and job files (store/files.py) both write this way.
@@ -20,20 +21,16 @@ from registry.errors import PayloadTooLarge
 CHUNK = 1024 * 1024
 
 
-class HashingWriter:
-    """One incoming file: `write` chunks (or `read_from` a stream), then `move_to` or `abort`.
+class StreamWriter:
+    """Hashes and counts what is written; subclasses say where the bytes go (`_put`) and how an
+    unfinished write is undone (`abort`).
 
-    Past `limit` bytes `write` removes the temporary file and raises PayloadTooLarge, so callers
-    need not clean up after a refusal.
+    Past `limit` bytes `write` aborts and raises PayloadTooLarge, so callers need not clean up
+    after a refusal.
     """
 
-    def __init__(self, *, tmp_dir: Path, limit: int, what: str, field: str | None = None,
-                 prefix: str = "in-"):
-        tmp_dir.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=prefix, dir=tmp_dir)
-        self._file = os.fdopen(fd, "wb")
+    def __init__(self, *, limit: int, what: str, field: str | None = None):
         self._hash = hashlib.sha256()
-        self.path = Path(name)
         self.limit, self.what, self.field = limit, what, field
         self.size = 0
 
@@ -44,10 +41,16 @@ class HashingWriter:
             raise PayloadTooLarge(f"{self.what} is larger than the limit of {self.limit} bytes",
                                   field=self.field)
         self._hash.update(chunk)
-        self._file.write(chunk)
+        self._put(chunk)
+
+    def _put(self, chunk: bytes) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
 
     def read_from(self, read: Callable[[int], bytes]) -> Self:
-        """Copy a file-like `read(n)` to its end, removing the temporary file on any error."""
+        """Copy a file-like `read(n)` to its end, aborting (nothing left behind) on any error."""
         try:
             while chunk := read(CHUNK):
                 self.write(chunk)
@@ -59,6 +62,22 @@ class HashingWriter:
     @property
     def sha256(self) -> str:
         return self._hash.hexdigest()
+
+
+class HashingWriter(StreamWriter):
+    """One incoming file, staged in a temporary file: `write` chunks (or `read_from` a stream),
+    then `move_to` or `abort`."""
+
+    def __init__(self, *, tmp_dir: Path, limit: int, what: str, field: str | None = None,
+                 prefix: str = "in-"):
+        super().__init__(limit=limit, what=what, field=field)
+        tmp_dir.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=prefix, dir=tmp_dir)
+        self._file = os.fdopen(fd, "wb")
+        self.path = Path(name)
+
+    def _put(self, chunk: bytes) -> None:
+        self._file.write(chunk)
 
     def close(self) -> None:
         """Flush and fsync: the bytes are on disk before anything names them."""

@@ -19,7 +19,7 @@ from registry import samples
 from registry.signatures import extract_signature
 from serving.app import ServingApp, ServingSettings
 from serving.dataplane import DataPlane
-from serving.reconciler import Reconciler
+from serving.reconciler import LoadFailed, Reconciler
 from serving.routes import BatchingConfig, DesiredState, ModelRoute, ObservedState, VersionSpec
 
 ROW = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.25] * 64}]}
@@ -188,6 +188,54 @@ def test_an_artifact_whose_sha256_differs_is_not_loaded(tmp_path, good):
         state, reason = replica.states()["2"]
         assert state == "UNAVAILABLE" and "sha256 mismatch" in reason
         assert (await replica.infer()).status_code == 200
+        await replica.reconciler.stop()
+
+    run(main())
+
+
+class FetchingSource(FakeSource):
+    """Like the registry on an object store: a version's file is there only once fetched."""
+
+    def __init__(self, state: DesiredState, blobs: dict[str, bytes]) -> None:
+        super().__init__(state)
+        self.blobs = blobs
+        self.store_down: str | None = None
+
+    def fetch_artifact(self, spec: VersionSpec) -> None:
+        if self.store_down:
+            raise ConnectionError(self.store_down)
+        if spec.sha256 not in self.blobs:
+            raise LoadFailed(f"blob {spec.sha256} is not in the store")
+        Path(spec.artifact_path).write_bytes(self.blobs[spec.sha256])
+
+
+def test_an_artifact_the_store_cannot_hand_over_yet_is_fetched_at_a_later_poll(tmp_path, good):
+    blobs = {s.sha256: Path(s.artifact_path).read_bytes() for s in good}
+    for s in good:
+        Path(s.artifact_path).unlink()  # a replica on another host: nothing local yet
+    gone = dataclasses.replace(good[1], version="3", sha256="f" * 64,
+                               artifact_path=str(tmp_path / "m-3.onnx"))
+    source = FetchingSource(desired(1, ModelRoute("m", stable="1"), good[0]), blobs)
+
+    async def main():
+        replica = Replica(source)
+        await replica.reconciler.reconcile()
+        assert (await replica.infer()).headers["x-model-version"] == "1"
+        source.store_down = "object store not answering"
+        source.state = desired(2, ModelRoute("m", stable="2"), *good)
+        await replica.reconciler.reconcile()
+        state, reason = replica.states()["2"]
+        assert state == "UNAVAILABLE" and "object store not answering; retrying" in reason
+        assert replica.reconciler.observed().versions["m:2"]["state"] == "LOADING"
+        assert (await replica.infer()).headers["x-model-version"] == "1"  # still serving
+        source.store_down = None
+        assert await replica.reconciler.reconcile()  # a poll, same revision: fetched now
+        assert (await replica.infer()).headers["x-model-version"] == "2"
+        # a blob missing from the store fails that version, and is not fetched again and again
+        source.state = desired(3, ModelRoute("m", stable="2", warm=("3",)), good[1], gone)
+        await replica.reconciler.reconcile()
+        assert replica.reconciler.observed().versions["m:3"]["state"] == "FAILED"
+        assert not await replica.reconciler.reconcile()
         await replica.reconciler.stop()
 
     run(main())
