@@ -69,6 +69,7 @@ class LoadedVersion:
         self.version = self.spec.version
         self.batched = self.max_batch_size > 0
         self.version_header = (b"x-model-version", self.version.encode())
+        self.grpc_version_metadata = (("x-model-version", self.version),)
 
 
 @dataclass

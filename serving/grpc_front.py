@@ -5,7 +5,7 @@ in the HTTP server's event loop; plus gRPC health checking and server reflection
 Like serving.app for HTTP, it only adapts: metadata carries what HTTP headers carry (predict key
 as `authorization: Bearer <key>` or `x-api-key`, `x-routing-key`, and `x-model-version` to pin
 when the request's `model_version` is empty), the answering version comes back as `x-model-version`
-initial metadata, and the data plane's typed errors become gRPC status codes in one table.
+trailing metadata, and the data plane's typed errors become gRPC status codes in one table.
 """
 
 from __future__ import annotations
@@ -189,7 +189,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     @_answers
     async def ModelInfer(self, request, context):
         response, lv = await self._infer(request, _Caller(context.invocation_metadata()))
-        await context.send_initial_metadata((("x-model-version", lv.version),))
+        # Trailing, not initial: sent with the answer and its status in one batch, where
+        # send_initial_metadata costs a write of its own (~15% of a call's loop time).
+        context.set_trailing_metadata(lv.grpc_version_metadata)
         return response
 
     async def ModelStreamInfer(self, request_iterator, context):

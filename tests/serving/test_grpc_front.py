@@ -215,11 +215,11 @@ def test_pinning_by_model_version_or_metadata_and_the_answer_names_the_version(c
     np.testing.assert_allclose(result.as_numpy("y"), reference("mlp", 2, {"x": x})["y"],
                                rtol=1e-5, atol=1e-5)
     response, call = stub.ModelInfer.with_call(_mlp_request())
-    assert ("x-model-version", "1") in call.initial_metadata()
+    assert ("x-model-version", "1") in call.trailing_metadata()
     assert response.model_version == "1"
     response, call = stub.ModelInfer.with_call(_mlp_request(),
                                                metadata=[("x-model-version", "2")])
-    assert ("x-model-version", "2") in call.initial_metadata()
+    assert ("x-model-version", "2") in call.trailing_metadata()
     assert response.model_version == "2"
     error = _status(stub.ModelInfer, _mlp_request(model_version="1"),
                     metadata=[("x-model-version", "2")])
