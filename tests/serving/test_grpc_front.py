@@ -6,6 +6,7 @@ grpc stubs for what those clients do not expose (metadata, typed contents, healt
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import queue
@@ -27,6 +28,8 @@ from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from registry import samples
+from serving.dataplane import DataPlane
+from serving.grpc_front import GrpcFront
 from tests.serving.test_app import Server, reference, write_model
 
 API_KEY = "grpc-s3cret"
@@ -465,3 +468,30 @@ def test_grpc_is_off_unless_a_port_is_given():
     assert ServingSettings.from_env({}).grpc_port is None
     settings = ServingSettings.from_env({"MMC_GRPC_PORT": "9001", "MMC_GRPC_HOST": "0.0.0.0"})
     assert (settings.grpc_port, settings.grpc_host) == (9001, "0.0.0.0")
+
+
+def test_health_says_not_serving_from_the_drain_on_while_calls_are_still_answered():
+    async def scenario() -> list:
+        dataplane = DataPlane(replica="r")
+        dataplane.started = True  # an (empty) route table is in: ready
+        front = GrpcFront(dataplane, host="127.0.0.1", port=0, max_message_bytes=1 << 20)
+        await front.start()
+        seen = []
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+                health = health_pb2_grpc.HealthStub(channel)
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                ask = health_pb2.HealthCheckRequest(service=SERVICE)
+                seen.append((await health.Check(ask)).status)
+                dataplane.draining = True  # what SIGTERM does (ServingApp.begin_drain)
+                await front.begin_drain()
+                seen.append((await health.Check(ask)).status)
+                seen.append((await stub.ServerLive(pb.ServerLiveRequest())).live)
+                seen.append((await stub.ServerReady(pb.ServerReadyRequest())).ready)
+        finally:
+            await front.stop(1)
+        return seen
+
+    serving, not_serving = (health_pb2.HealthCheckResponse.SERVING,
+                            health_pb2.HealthCheckResponse.NOT_SERVING)
+    assert asyncio.run(scenario()) == [serving, not_serving, True, False]
