@@ -130,6 +130,7 @@ class ServingApp:
         self._started = False
         self._start_lock: asyncio.Lock | None = None
         self.grpc = None  # the GrpcFront, while settings.grpc_port asks for one
+        self._drain_task: asyncio.Task | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -167,7 +168,10 @@ class ServingApp:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
                 return
-            loop.call_soon_threadsafe(lambda: loop.create_task(front.begin_drain()))
+            def drain() -> None:
+                self._drain_task = loop.create_task(front.begin_drain())  # kept: not collected
+
+            loop.call_soon_threadsafe(drain)
 
     async def shutdown(self) -> None:
         """Stop taking gRPC calls (those in flight finish, as HTTP's did before lifespan
