@@ -8,5 +8,5 @@ COPY serving serving
 COPY templates templates
 COPY static static
 RUN pip install --no-cache-dir .
-EXPOSE 8000 8001
+EXPOSE 8000 8001 9001
 CMD ["python", "manage.py", "start", "--host", "0.0.0.0", "--no-demo"]

@@ -5,6 +5,7 @@ One command, from the repository root (any Python >= 3.11; it creates its own pe
 
     python3 bench/serving.py [--duration 10] [--only raw,bare,mlserver,triton,ours]
                              [--scenarios mlp-json-c1,mlp-json-c32,conv-bin-c8,conv-json-c8]
+    python3 bench/serving.py --grpc     (gRPC: ours and Triton, MLP c=32 and conv c=8, h2load)
 
 What it does (see /work/shared/BENCH.md for the why):
 - creates bench/.peers/venv (mlserver 1.7.1, nvidia-pytriton 0.7.0, onnxruntime, numpy, httptools)
@@ -582,6 +583,272 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
 
 
 # --------------------------------------------------------------------------------------------
+# gRPC (`--grpc`): ours against Triton's own gRPC front, KServe v2 ModelInfer with raw contents
+# --------------------------------------------------------------------------------------------
+# Load: h2load (Debian nghttp2-client, C) on one HTTP/2 connection carrying `conc` concurrent
+# ModelInfer calls, as one tritonclient.grpc channel does; the body is the gRPC-framed request
+# (raw_input_contents). PyPI's perf-analyzer here is a 0.1.0 placeholder, and a Python load loop
+# would be the bottleneck on two cores. h2load sees HTTP statuses only (a gRPC error is HTTP 200
+# with grpc-status in the trailers), so every run is also checked on the server: its Prometheus
+# nv_inference_request_failure must not grow (a note says so when nv_inference_request_success
+# grew by less than the calls h2load counted).
+
+GRPC_SCENARIOS = [
+    Scenario("grpc-mlp-c32", "mlp", True, 32, "MLP 1×64, gRPC raw_input_contents, c=32"),
+    Scenario("grpc-conv-c8", "conv", True, 8, "conv 1×3×224×224, gRPC raw_input_contents, c=8"),
+]
+GRPC_SERVERS = ["triton", "ours"]
+GRPC_RESULTS = BENCH / "results" / "serving-grpc-latest.md"
+GRPC_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+
+#: Run with .venv's Python (tritonclient ships the messages): writes one gRPC-framed
+#: ModelInferRequest per model, same inputs as the HTTP scenarios' binary bodies.
+GRPC_BODIES_PY = """
+import json, struct, sys
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+rng = np.random.default_rng(0)  # the inputs make_requests draws, in the same order
+for model, shape, path in json.loads(sys.argv[1]):
+    x = np.round(rng.uniform(-1, 1, size=shape), 3).astype(np.float32)
+    np.save(path + ".x.npy", x)
+    request = pb.ModelInferRequest(model_name=model, inputs=[
+        pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=shape)],
+        raw_input_contents=[x.astype("<f4").tobytes()])
+    message = request.SerializeToString()
+    open(path, "wb").write(b"\\0" + struct.pack(">I", len(message)) + message)
+"""
+
+#: Run with .venv's Python: one call through tritonclient.grpc, unchanged; prints output y.
+GRPC_CHECK_PY = """
+import json, sys
+import numpy as np
+import tritonclient.grpc as g
+address, model, x = sys.argv[1], sys.argv[2], np.load(sys.argv[3])
+tensor = g.InferInput("x", list(x.shape), "FP32")
+tensor.set_data_from_numpy(x)
+client = g.InferenceServerClient(address)
+print(json.dumps(client.infer(model, [tensor]).as_numpy("y").ravel().tolist()))
+"""
+
+
+def grpc_bodies(work: Path) -> dict[str, Path]:
+    bodies = {m: work / f"{m}.grpc.body" for m in SHAPES}
+    spec = json.dumps([[m, list(SHAPES[m]), str(bodies[m])] for m in SHAPES])
+    subprocess.run([OUR_PY, "-c", GRPC_BODIES_PY, spec], check=True)
+    return bodies
+
+
+def _flag_value(cmd: list[str], flag: str) -> str:
+    return cmd[cmd.index(flag) + 1]
+
+
+def setup_grpc_server(name: str, work: Path, models: dict[str, Path], port: int,
+                      args) -> tuple[Launch, int, int]:
+    """(launch, gRPC port, metrics port) of Triton or ours, each with its gRPC front on."""
+    if name == "triton":
+        launch = setup_triton(work, models, port, args.ort_threads, args.triton_delay_us)
+        return (launch, int(_flag_value(launch.cmd, "--grpc-port")),
+                int(_flag_value(launch.cmd, "--metrics-port")))
+    grpc_port = free_port()
+    launch = setup_ours(work, models, port, args.ort_threads)
+    launch.cmd += ["--grpc-port", str(grpc_port)]
+    return launch, grpc_port, port
+
+
+def grpc_check_by_hand(address: str, sc: Scenario, body: Path, reference: list[float]) -> None:
+    p = subprocess.run([OUR_PY, "-c", GRPC_CHECK_PY, address, sc.model, f"{body}.x.npy"],
+                       capture_output=True, text=True, timeout=60)
+    if p.returncode != 0:
+        raise ServerFailed(f"{address} {sc.name}: tritonclient.grpc failed: {p.stderr[-500:]}")
+    y = json.loads(p.stdout)
+    if len(y) != len(reference) or any(abs(a - b) > 1e-3 + 1e-3 * abs(b)
+                                       for a, b in zip(y, reference, strict=True)):
+        raise ServerFailed(f"{address} {sc.name}: wrong output {y[:4]}… expected "
+                           f"{reference[:4]}…")
+
+
+def grpc_counters(metrics_port: int, model: str) -> tuple[float, float]:
+    """(successes, failures) the server counted for `model` (Triton's metric names)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    found = {"nv_inference_request_success": 0.0, "nv_inference_request_failure": 0.0}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0]
+        if name in found and f'model="{model}"' in line:
+            found[name] += float(line.rsplit(" ", 1)[1])
+    return found["nv_inference_request_success"], found["nv_inference_request_failure"]
+
+
+def run_h2load(address: str, sc: Scenario, body: Path, seconds: float, cpus: str | None,
+               work: Path) -> dict:
+    """req/s and latency percentiles of one h2load run (its per-request log)."""
+    log_file = work / "h2load-requests.log"
+    log_file.unlink(missing_ok=True)
+    cmd = (["taskset", "-c", cpus] if cpus else []) + [
+        "h2load", "-D", str(max(1, round(seconds))), "-c", "1", "-m", str(sc.conc), "-t", "1",
+        "-H", "content-type: application/grpc", "-H", "te: trailers", "-d", str(body),
+        "--log-file", str(log_file), f"http://{address}{GRPC_METHOD}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+    done = re.search(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded, "
+                     r"(\d+) failed, (\d+) errored, (\d+) timeout", p.stdout)
+    if p.returncode != 0 or not done:
+        raise ServerFailed(f"h2load failed ({p.returncode}): {p.stdout[-800:]} {p.stderr[-800:]}")
+    times = sorted(int(line.split("\t")[2]) for line in log_file.read_text().splitlines()
+                   if line.count("\t") >= 2)
+    succeeded = int(done.group(3))
+
+    def pct(q: float) -> float:
+        return times[min(len(times) - 1, int(q * len(times)))] if times else 0.0
+
+    return {"rps": succeeded / max(1, round(seconds)), "p50_us": pct(0.5), "p99_us": pct(0.99),
+            "calls": succeeded, "failed": sum(int(done.group(i)) for i in (4, 5, 6))}
+
+
+def render_grpc(args, results: dict, notes: list[str], versions: dict[str, str],
+                pinning: str) -> str:
+    lines = [
+        "# Serving benchmark, gRPC (bench/serving.py --grpc)", "",
+        f"- date: {dt.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}",
+        f"- machine: {machine()}",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        f"- pinning: {pinning}",
+        f"- background: {args.background}",
+        f"- load: h2load, one HTTP/2 connection with c concurrent ModelInfer calls, "
+        f"{args.duration:g} s per run after a {args.warmup:g} s warm-up, loopback; "
+        f"{args.rounds} round(s), servers interleaved; the table keeps each cell's best round",
+        "", "| scenario | server | req/s | p50 ms | p99 ms | failed calls | vs Triton gRPC "
+        "| rounds req/s |", "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for sc in GRPC_SCENARIOS:
+        row = results.get(sc.name, {})
+        triton = row.get("triton")
+        for name in GRPC_SERVERS:
+            v = row.get(name)
+            if v is None:
+                continue
+            if isinstance(v, str):
+                lines.append(f"| {sc.name} | {name} | {v} | | | | | |")
+                continue
+            vs = fmt_ratio(v["rps"], triton["rps"] if isinstance(triton, dict) else None)
+            lines.append(f"| {sc.name} | {name} | {v['rps']:,.0f} | {v['p50_us'] / 1e3:.2f} | "
+                         f"{v['p99_us'] / 1e3:.2f} | {v['failed']} | {vs} | "
+                         + ", ".join(f"{r:,.0f}" for r in v["rounds"]) + " |")
+    lines += ["", "Scenarios: " + "; ".join(f"`{s.name}` {s.title}" for s in GRPC_SCENARIOS),
+              ""]
+    if notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines)
+
+
+def grpc_main(args) -> int:
+    """`--grpc`: the gRPC scenarios, ours and Triton both serving KServe v2 gRPC."""
+    if shutil.which("h2load") is None:
+        log("[setup] installing Debian nghttp2-client (h2load)")
+        subprocess.run(["apt-get", "install", "-y", "nghttp2-client"], check=True,
+                       stdout=subprocess.DEVNULL)
+    pinning = (f"servers: taskset -c {args.server_cpus or '(none)'}; h2load: taskset -c "
+               f"{args.wrk_cpus or '(none)'}; onnxruntime intra_op_num_threads="
+               f"{args.ort_threads}; Triton dynamic batching {args.triton_delay_us} µs, max "
+               f"batch mlp 32 / conv 8; ours max_batch_size 32 / 8, max_queue_delay_us 0")
+    log(f"[bench] {machine()}")
+    watch = CpuWatch()
+    failed = False
+    notes: list[str] = []
+    versions = {"python": platform.python_version(),
+                "h2load": subprocess.run(["h2load", "--version"], capture_output=True,
+                                         text=True).stdout.strip(),
+                "nvidia-pytriton": pkg_version("nvidia-pytriton"),
+                "onnxruntime (ours, .venv)": ours_ort_version()}
+    results: dict[str, dict] = {sc.name: {} for sc in GRPC_SCENARIOS}
+    with tempfile.TemporaryDirectory(prefix="mmc-bench-grpc-") as tmp:
+        work = Path(tmp)
+        models = build_models(work)
+        reqs = make_requests(work, models)
+        bodies = grpc_bodies(work)
+        running: dict[str, tuple[Running, str, int]] = {}
+        try:
+            for name in GRPC_SERVERS:
+                log(f"[{name}] starting with gRPC")
+                port = free_port()
+                launch, grpc_port, metrics_port = setup_grpc_server(name, work, models, port,
+                                                                    args)
+                try:
+                    srv = Running(f"{name}-grpc", launch, port, work, args.server_cpus or None)
+                except ServerFailed as e:
+                    notes.append(f"{name} FAILED to start: {str(e).splitlines()[0]}")
+                    failed = True
+                    continue
+                address = f"127.0.0.1:{grpc_port}"
+                running[name] = (srv, address, metrics_port)
+                versions[f"{name} /v2"] = srv.server_version()
+                for sc in GRPC_SCENARIOS:
+                    try:
+                        grpc_check_by_hand(address, sc, bodies[sc.model],
+                                           reqs[(sc.model, True)].reference)
+                        results[sc.name][name] = []
+                    except ServerFailed as e:
+                        results[sc.name][name] = "FAILED (see notes)"
+                        notes.append(f"{name} {sc.name} FAILED: {str(e).splitlines()[0]}")
+                        failed = True
+                log(f"  {name}: one tritonclient.grpc answer per scenario checked")
+            for sc in GRPC_SCENARIOS:
+                log(f"[load] {sc.name}: {sc.title}")
+                for rnd in range(args.rounds):
+                    for name, (_srv, address, metrics_port) in running.items():
+                        runs = results[sc.name][name]
+                        if not isinstance(runs, list):
+                            continue
+                        try:
+                            if args.warmup > 0 and rnd == 0:
+                                run_h2load(address, sc, bodies[sc.model], args.warmup,
+                                           args.wrk_cpus or None, work)
+                            ok0, bad0 = grpc_counters(metrics_port, sc.model)
+                            res = run_h2load(address, sc, bodies[sc.model], args.duration,
+                                             args.wrk_cpus or None, work)
+                            time.sleep(1.0)  # the last answers' counts land (Triton: async)
+                            ok1, bad1 = grpc_counters(metrics_port, sc.model)
+                        except (ServerFailed, OSError) as e:
+                            results[sc.name][name] = "FAILED (see notes)"
+                            notes.append(f"{name} {sc.name} FAILED: {str(e).splitlines()[0]}")
+                            failed = True
+                            continue
+                        res["failed"] += int(bad1 - bad0)
+                        if ok1 - ok0 < res["calls"]:  # a lagging counter, or errors it missed
+                            notes.append(f"{name} {sc.name}: h2load counted {res['calls']} "
+                                         f"answers, the server's success counter "
+                                         f"{int(ok1 - ok0)}")
+                        if res["failed"]:
+                            failed = True
+                            notes.append(f"{name} {sc.name}: {res['failed']} failed calls")
+                        runs.append(res)
+                        log(f"  round {rnd + 1} {name:7s} {res['rps']:10,.0f} req/s  p50 "
+                            f"{res['p50_us'] / 1e3:7.2f} ms  p99 {res['p99_us'] / 1e3:7.2f} ms"
+                            f"  failed {res['failed']}")
+        finally:
+            for srv, _, _ in running.values():
+                srv.stop()
+    for row in results.values():
+        for name, runs in list(row.items()):
+            if isinstance(runs, list):
+                if not runs:
+                    row[name] = "no run"
+                    continue
+                best = dict(max(runs, key=lambda r: r["rps"]))
+                best["failed"] = sum(r["failed"] for r in runs)
+                best["rounds"] = [r["rps"] for r in runs]
+                row[name] = best
+    args.background = watch.report()
+    report = render_grpc(args, results, notes, versions, pinning)
+    print()
+    print(report)
+    out = Path(args.output if args.output != str(RESULTS) else GRPC_RESULTS)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report)
+    log(f"[bench] written to {out}")
+    return 1 if failed else 0
+
+
+# --------------------------------------------------------------------------------------------
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -608,6 +875,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--triton-delay-us", type=int, default=500,
                    help="Triton dynamic_batching max_queue_delay_microseconds")
     p.add_argument("--output", default=str(RESULTS), help="markdown file to write")
+    p.add_argument("--grpc", action="store_true",
+                   help="run the gRPC scenarios instead (ours and Triton over KServe v2 gRPC; "
+                        f"written to {GRPC_RESULTS.relative_to(REPO)})")
     a = p.parse_args(argv)
     a.servers = [s.strip() for s in a.only.split(",") if s.strip()]
     if a.before and "before" not in a.servers:
@@ -656,6 +926,8 @@ def start_server(name: str, setup, work: Path, args, notes: list[str],
 def main() -> int:
     args = parse_args(sys.argv[1:])
     ensure_environment()
+    if args.grpc:
+        return grpc_main(args)
     pinning = (f"servers and raw onnxruntime: taskset -c {args.server_cpus or '(none)'}; "
                f"wrk: taskset -c {args.wrk_cpus or '(none)'}; onnxruntime intra_op_num_threads="
                f"{args.ort_threads}, inter_op_num_threads=1; OMP_NUM_THREADS=1; Triton dynamic "

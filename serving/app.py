@@ -1,5 +1,6 @@
 """The serving ASGI application: /v2 (KServe Open Inference Protocol + Triton extensions),
-SageMaker /ping and /invocations, Prometheus /metrics.
+SageMaker /ping and /invocations, Prometheus /metrics; and, when configured, the gRPC front
+(serving.grpc_front) started and stopped with it.
 
 A raw ASGI callable rather than a framework: the path is split once and dispatched with a few
 string comparisons, headers are scanned once, and the JSON infer answer reuses prebuilt header
@@ -74,6 +75,9 @@ class ServingSettings:
     # process), synced every quota_sync_seconds (serving.ratelimit)
     quota_redis_url: str = ""
     quota_sync_seconds: float = DEFAULT_SYNC_SECONDS
+    # the gRPC front (serving.grpc_front) beside HTTP, in the same loop; None: off
+    grpc_port: int | None = None
+    grpc_host: str = "127.0.0.1"
 
     @classmethod
     def from_env(cls, env: dict | None = None) -> ServingSettings:
@@ -92,6 +96,8 @@ class ServingSettings:
             quota_redis_url=e.get("REDIS_URL", ""),
             quota_sync_seconds=float(e.get("MMC_QUOTA_SYNC_SECONDS")
                                      or cls.quota_sync_seconds),
+            grpc_port=int(e["MMC_GRPC_PORT"]) if e.get("MMC_GRPC_PORT") else None,
+            grpc_host=e.get("MMC_GRPC_HOST") or cls.grpc_host,
         )
 
 
@@ -168,6 +174,8 @@ class ServingApp:
         self._metrics = _Metrics(dataplane)
         self._started = False
         self._start_lock: asyncio.Lock | None = None
+        self.grpc = None  # the GrpcFront, while settings.grpc_port asks for one
+        self._drain_task: asyncio.Task | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -183,14 +191,41 @@ class ServingApp:
                 await self.reconciler.start()
             if not self._started:
                 self.dataplane.admission.start(lambda: self.dataplane.table.routes)
+            if not self._started and self.settings.grpc_port is not None:
+                await self._start_grpc()
             self._started = True
 
+    async def _start_grpc(self) -> None:
+        from serving.grpc_front import GrpcFront  # grpcio is imported only when asked for
+
+        settings = self.settings
+        self.grpc = GrpcFront(
+            self.dataplane, host=settings.grpc_host, port=settings.grpc_port,
+            max_message_bytes=settings.max_body_bytes,
+            reuse_port=os.environ.get("MMC_SERVE_WORKERS", "1") != "1")
+        await self.grpc.start()
+
     def begin_drain(self) -> None:
-        """SIGTERM (serving.cli): stop saying ready at once; requests are still answered."""
+        """SIGTERM (serving.cli): stop saying ready at once (HTTP and gRPC health); requests
+        and calls are still answered."""
         self.dataplane.draining = True
+        front = self.grpc
+        if front is not None:  # from a signal handler: schedule it on the loop
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            def drain() -> None:
+                self._drain_task = loop.create_task(front.begin_drain())  # kept: not collected
+
+            loop.call_soon_threadsafe(drain)
 
     async def shutdown(self) -> None:
-        """Stop following the source, release the models and leave the source (last)."""
+        """Stop taking gRPC calls (those in flight finish, as HTTP's did before lifespan
+        shutdown), stop following the source, release the models and leave the source (last)."""
+        if self.grpc is not None:
+            await self.grpc.stop(self.settings.drain_seconds)
+            self.grpc = None
         if self._started and self.reconciler is not None:
             await self.reconciler.stop()
         if self._started:

@@ -2,6 +2,7 @@
 
     mmc-serve --model-repository DIR [--host 127.0.0.1] [--port 8001] [--replica r1]
     mmc-serve --registry            (follow the registry's desired state; needs Django settings)
+    ... --grpc-port 9001            (also the KServe v2 / Triton gRPC front, same process)
 """
 
 from __future__ import annotations
@@ -146,6 +147,24 @@ def serve(app, *, serving=None, **options) -> None:
         raise SystemExit(3)  # uvicorn's STARTUP_FAILURE
 
 
+def add_grpc_arguments(parser) -> None:
+    """--grpc-port / --grpc-host, for every command that serves the data plane."""
+    parser.add_argument("--grpc-port", type=int, default=None,
+                        help="also serve the KServe v2 gRPC API (GRPCInferenceService, health, "
+                             "reflection) on this port; default: off ($MMC_GRPC_PORT)")
+    parser.add_argument("--grpc-host", default=None,
+                        help="address the gRPC front listens on (default: --host)")
+
+
+def use_grpc_arguments(args) -> None:
+    """Hand the gRPC flags to ServingSettings.from_env (the app is built from the environment,
+    also in uvicorn's worker processes)."""
+    if args.grpc_port is not None:
+        os.environ["MMC_GRPC_PORT"] = str(args.grpc_port)
+    if args.grpc_host or os.environ.get("MMC_GRPC_PORT"):
+        os.environ["MMC_GRPC_HOST"] = args.grpc_host or args.host
+
+
 def app_from_env():
     """App factory for uvicorn workers (--workers > 1 re-imports the app in each process)."""
     from serving.app import create_app
@@ -169,12 +188,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replica", default=None, help="replica id (default: the host name)")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--log-level", default="warning")
+    add_grpc_arguments(parser)
     args = parser.parse_args(argv)
 
     if args.model_repository and not os.path.isdir(args.model_repository):
         parser.error(f"--model-repository {args.model_repository}: not a directory")
     os.environ[_ENV_REPLICA] = args.replica or socket.gethostname()
     os.environ["MMC_SERVE_WORKERS"] = str(args.workers)
+    use_grpc_arguments(args)
     if args.registry:
         os.environ[_ENV_REGISTRY] = "1"
     else:

@@ -209,7 +209,7 @@ def _binary_input(name: str, datatype: str, dtype: np.dtype, shape: list[int], s
         )
     count = math.prod(shape)
     if datatype == "BYTES":
-        return _binary_bytes(body, offset, size, count, name).reshape(shape)
+        return binary_bytes(body, offset, size, count, name).reshape(shape)
     expected = count * dtype.itemsize
     if size != expected:
         raise InvalidInput(
@@ -308,7 +308,7 @@ def _nested_strings(data: list, name: str) -> list[bytes]:
     return items
 
 
-def _binary_bytes(body: bytes, offset: int, size: int, count: int, name: str) -> np.ndarray:
+def binary_bytes(body: bytes, offset: int, size: int, count: int, name: str) -> np.ndarray:
     """Split one BYTES block: each element is a 4-byte little-endian length then its bytes."""
     stop = offset + size
     items = []
@@ -396,27 +396,13 @@ def encode_infer_response(
     Binary outputs follow the JSON header in output order, with Inference-Header-Content-Length.
     `batched` says the outputs' first dimension is the batch (classification ranks per row).
     """
-    if requested is None:
-        plan = [(name, array, binary_output, 0) for name, array in outputs.items()]
-    else:
-        plan = []
-        for req in requested:
-            array = outputs.get(req.name)
-            if array is None:
-                raise InvalidInput(
-                    f"unknown output '{req.name}' (the model produces {', '.join(outputs)})"
-                )
-            plan.append((req.name, array, req.binary, req.classification))
-
     docs = []
     blocks: list[Any] = []
-    for name, array, binary, k in plan:
-        if k:
-            array = _classify(array, k, batched, name)
+    for name, array, binary in answered_outputs(outputs, requested, binary_output, batched):
         datatype = datatype_of(array)
         doc: dict[str, Any] = {"name": name, "datatype": datatype, "shape": array.shape}
         if binary:
-            block = _binary_block(array, datatype)
+            block = binary_block(array, datatype)
             doc["parameters"] = {"binary_data_size": len(block)}
             blocks.append(block)
         else:
@@ -439,6 +425,29 @@ def encode_infer_response(
     return b"".join([header, *blocks]), headers
 
 
+def answered_outputs(
+    outputs: dict[str, np.ndarray], requested: list[RequestedOutput] | None,
+    binary_output: bool, batched: bool,
+) -> list[tuple[str, np.ndarray, bool]]:
+    """(name, array, binary) of each output a response carries, in answer order: the ones the
+    client named (top-k classified where it asked for classification), else every output.
+    Every front (HTTP JSON/binary, gRPC) answers with this selection."""
+    if requested is None:
+        return [(name, array, binary_output) for name, array in outputs.items()]
+    answer = []
+    for req in requested:
+        array = outputs.get(req.name)
+        if array is None:
+            raise InvalidInput(
+                f"unknown output '{req.name}' (the model produces {', '.join(outputs)})"
+            )
+        k = req.classification
+        if k:
+            array = _classify(array, k, batched, req.name)
+        answer.append((req.name, array, req.binary))
+    return answer
+
+
 def _json_data(array: np.ndarray, datatype: str, name: str) -> Any:
     if datatype == "BYTES":
         try:
@@ -457,7 +466,7 @@ def _json_data(array: np.ndarray, datatype: str, name: str) -> Any:
     return np.ascontiguousarray(array).reshape(-1)  # orjson writes it as one flat list
 
 
-def _binary_block(array: np.ndarray, datatype: str) -> Any:
+def binary_block(array: np.ndarray, datatype: str) -> Any:
     """Raw little-endian bytes of one output; a buffer view where no conversion is needed."""
     if datatype == "BYTES":
         parts = []

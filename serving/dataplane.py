@@ -1,4 +1,5 @@
-"""The data plane: what the HTTP layer (and any future gRPC front) adapts to.
+"""The data plane: what the HTTP front (serving.app) and the gRPC front (serving.grpc_front)
+adapt to.
 
 It reads one immutable `RouteTable` reference per request, swapped whole by the reconciler, so a
 request sees either the old table or the new one, never a mix. Nothing here knows HTTP framing,
@@ -79,6 +80,7 @@ class LoadedVersion:
         self.cache_identity = "\0".join(
             (spec.model, spec.version, spec.sha256, str(next(_LOADS)))).encode()
         self.retired = False  # left the route table: no new cache entries
+        self.grpc_version_metadata = (("x-model-version", self.version),)
 
 
 @dataclass
@@ -258,7 +260,21 @@ class DataPlane:
         self, model: str, version: str | None, request: InferRequest, *,
         routing_key: str | None = None, api_key: str | None = None,
     ) -> tuple[bytes, dict[str, str], LoadedVersion]:
-        """Pick (or pin), validate, queue, encode: the body, its headers, who answered."""
+        """Pick (or pin), validate, queue, encode: the HTTP body, its headers, who answered."""
+        outputs, lv = await self.predict(model, version, request, routing_key=routing_key,
+                                         api_key=api_key)
+        body, headers = encode_infer_response(
+            model_name=model, model_version=lv.version, request_id=request.id,
+            outputs=outputs, requested=request.outputs, binary_output=request.binary_output,
+            batched=lv.batched)
+        return body, headers, lv
+
+    async def predict(
+        self, model: str, version: str | None, request: InferRequest, *,
+        routing_key: str | None = None, api_key: str | None = None,
+    ) -> tuple[dict[str, np.ndarray], LoadedVersion]:
+        """Pick (or pin), validate, queue: the model's outputs and who answered. Each front
+        encodes them its own way (serving.codec for HTTP, serving.grpc_codec for gRPC)."""
         table = self.table
         route = table.routes.get(model)
         if route is None:
@@ -287,13 +303,9 @@ class DataPlane:
             outputs = await self._cached_run(model, lv, feeds)
         else:
             outputs = await self._run(model, lv, feeds)
-        body, headers = encode_infer_response(
-            model_name=model, model_version=lv.version, request_id=request.id,
-            outputs=outputs, requested=request.outputs, binary_output=request.binary_output,
-            batched=lv.batched)
         if route.shadow is not None and route.shadow != lv.version:
             self._spawn(self._shadow(model, route.shadow, feeds, outputs))
-        return body, headers, lv
+        return outputs, lv
 
     async def _run(self, model: str, lv: LoadedVersion, feeds: dict) -> dict[str, np.ndarray]:
         """One request's outputs from the version's batcher, within the version's output

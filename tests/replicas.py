@@ -23,10 +23,14 @@ def free_port() -> int:
 
 class Replica:
     def __init__(self, name: str, *, embedded: bool, log_dir: Path, port: int | None = None,
-                 **env):
-        """`port`: a given one (a restart on the same address), else a free one."""
+                 grpc: bool = False, **env):
+        """`port`: a given one (a restart on the same address), else a free one. `grpc`: also
+        the gRPC front, on a free port of its own (`grpc_address`)."""
         self.name, self.port = name, port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        if grpc:
+            self.grpc_address = f"127.0.0.1:{free_port()}"
+            env.setdefault("MMC_GRPC_PORT", self.grpc_address.rpartition(":")[2])
         if embedded:
             cmd = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--port",
                    str(self.port), "--lifespan", "on", "--no-access-log", "--log-level", "warning",
@@ -64,8 +68,9 @@ class Replica:
 
 
 @contextmanager
-def replicas(n: int, *, embedded: bool, log_dir: Path, **env):
-    started = [Replica(f"r{i + 1}", embedded=embedded, log_dir=log_dir, **env) for i in range(n)]
+def replicas(n: int, *, embedded: bool, log_dir: Path, grpc: bool = False, **env):
+    started = [Replica(f"r{i + 1}", embedded=embedded, log_dir=log_dir, grpc=grpc, **env)
+               for i in range(n)]
     try:
         for r in started:
             r.wait_live()

@@ -51,17 +51,23 @@ def serve_command() -> list[str]:
 
 
 class Server:
-    """One mmc-serve subprocess on a free loopback port."""
+    """One mmc-serve subprocess on a free loopback port (and, with `grpc`, its gRPC front on
+    another: `grpc_address`)."""
 
-    def __init__(self, repository: Path, **env: str) -> None:
+    def __init__(self, repository: Path, *, grpc: bool = False, **env: str) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = repository.parent / f"serve-{self.port}.log"
         full_env = {**os.environ, "MMC_POLL_SECONDS": "0.2", "MMC_HEARTBEAT_SECONDS": "0.5",
                     "MMC_ORT_INTRA_OP_THREADS": "1", "OMP_NUM_THREADS": "1", **env}
+        extra = []
+        if grpc:
+            self.grpc_port = _free_port()
+            self.grpc_address = f"127.0.0.1:{self.grpc_port}"
+            extra = ["--grpc-port", str(self.grpc_port)]
         self.proc = subprocess.Popen(
             [*serve_command(), "--model-repository", str(repository), "--host", "127.0.0.1",
-             "--port", str(self.port), "--replica", "test-r1"],
+             "--port", str(self.port), "--replica", "test-r1", *extra],
             env=full_env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 60) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
+from types import SimpleNamespace
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
@@ -17,6 +19,7 @@ from registry.models import ModelVersion, RegisteredModel, VersionStatus
 from registry.store.artifacts import default_store
 from registry.tasks import recover_validations
 from registry.validation import validate_version
+from serving.cli import add_grpc_arguments, use_grpc_arguments
 
 VALIDATING = (VersionStatus.UPLOADED, VersionStatus.VALIDATING)
 
@@ -29,6 +32,7 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--no-demo", action="store_true")
         parser.add_argument("--no-serve", action="store_true", help="prepare only")
+        add_grpc_arguments(parser)
 
     def handle(self, *args, host, port, no_demo, no_serve, **options):
         call_command("migrate", interactive=False, verbosity=0)
@@ -39,11 +43,15 @@ class Command(BaseCommand):
         recover_validations()
         if no_serve:
             return
+        use_grpc_arguments(SimpleNamespace(host=host, **options))  # before the app is built
         from console import asgi
         from serving.cli import serve
 
         self.stdout.write(f"Console and serving on http://{host}:{port}/  "
                           f"(v2 inference under /v2, API docs at /api/docs/)")
+        if os.environ.get("MMC_GRPC_PORT"):
+            self.stdout.write(f"gRPC inference (KServe v2) on "
+                              f"{os.environ['MMC_GRPC_HOST']}:{os.environ['MMC_GRPC_PORT']}")
         # SIGTERM drains the data plane (not ready, Connection: close, then stop) as mmc-serve
         serve(asgi.application, serving=asgi.serving_app, host=host, port=port, loop="uvloop",
               http="serving.protocol:GuardedHttpToolsProtocol", access_log=False,

@@ -1,0 +1,160 @@
+"""KServe v2 gRPC messages <-> the data plane's decoded request and numpy outputs.
+
+The gRPC twin of serving.codec: `ModelInferRequest` becomes the same `InferRequest` the HTTP
+front decodes, so validation, routing and batching are the data plane's, once. Inputs arrive
+either as `raw_input_contents` (one little-endian block per input, BYTES length-prefixed, as
+tritonclient.grpc sends them) or as typed `contents`; outputs always leave as
+`raw_output_contents`, as Triton answers. The message types are the ones tritonclient[grpc]
+ships generated from Triton's grpc_service.proto (package `inference`, the KServe v2 service
+plus Triton's extensions).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from serving.codec import (
+    InferRequest,
+    InputTensor,
+    RequestedOutput,
+    answered_outputs,
+    binary_block,
+    binary_bytes,
+    datatype_of,
+)
+from serving.dtypes import DATATYPES
+from serving.errors import InvalidInput
+
+#: Which typed `contents` field carries each datatype (FP16 and BF16 have none: raw only).
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents", "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def parameters(entries) -> dict:
+    """A protobuf `map<string, InferParameter>` as the plain dict the HTTP front sees."""
+    out = {}
+    for key, value in entries.items():
+        which = value.WhichOneof("parameter_choice")
+        if which is not None:
+            out[key] = getattr(value, which)
+    return out
+
+
+def decode_model_infer_request(request: pb.ModelInferRequest) -> InferRequest:
+    """Check and decode one request; every malformed detail is an InvalidInput naming it.
+    Raw inputs become read-only numpy views over the message's bytes (no copy)."""
+    inputs = request.inputs
+    if not inputs:
+        raise InvalidInput("'inputs' must be a non-empty list")
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(inputs):
+        raise InvalidInput(
+            f"raw_input_contents has {len(raw)} entries but the request has {len(inputs)} "
+            "inputs: send one per input, in input order (or none, with typed contents)")
+    decoded = []
+    seen = set()
+    for index, tensor in enumerate(inputs):
+        name = tensor.name
+        if not name:
+            raise InvalidInput(f"inputs[{index}] needs a name")
+        if name in seen:
+            raise InvalidInput(f"input '{name}' appears more than once")
+        seen.add(name)
+        datatype = tensor.datatype
+        dtype = DATATYPES.get(datatype)
+        if dtype is None:
+            raise InvalidInput(
+                f"input '{name}': unknown datatype {datatype!r} (one of {', '.join(DATATYPES)})")
+        shape = list(tensor.shape)
+        if any(d < 0 for d in shape):
+            raise InvalidInput(f"input '{name}': shape must be a list of non-negative integers")
+        if raw:
+            if tensor.HasField("contents"):
+                raise InvalidInput(f"input '{name}' has both contents and raw_input_contents")
+            array = _raw_input(name, datatype, dtype, shape, raw[index], index)
+        else:
+            array = _typed_input(name, datatype, dtype, shape, tensor.contents)
+        decoded.append(InputTensor(name, datatype, shape, parameters(tensor.parameters), array))
+    outputs = None
+    if request.outputs:
+        outputs = []
+        wanted = set()
+        for spec in request.outputs:
+            if spec.name in wanted:
+                raise InvalidInput(f"output '{spec.name}' is requested more than once")
+            wanted.add(spec.name)
+            params = parameters(spec.parameters)
+            k = params.get("classification", 0)
+            if type(k) is not int or k < 0:
+                raise InvalidInput(
+                    f"output '{spec.name}': classification must be a non-negative integer")
+            outputs.append(RequestedOutput(spec.name, True, params))
+    return InferRequest(request.id or None, parameters(request.parameters), decoded, outputs,
+                        True)
+
+
+def _raw_input(name: str, datatype: str, dtype: np.dtype, shape: list[int], data: bytes,
+               index: int) -> np.ndarray:
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        return binary_bytes(data, 0, len(data), count, name).reshape(shape)
+    expected = count * dtype.itemsize
+    if len(data) != expected:
+        raise InvalidInput(
+            f"input '{name}': raw_input_contents[{index}] has {len(data)} bytes but shape "
+            f"{shape} of {datatype} needs {expected} bytes")
+    return np.frombuffer(data, dtype, count).reshape(shape)
+
+
+def _typed_input(name: str, datatype: str, dtype: np.dtype, shape: list[int],
+                 contents: pb.InferTensorContents) -> np.ndarray:
+    count = math.prod(shape)
+    field = CONTENTS_FIELD.get(datatype)
+    present = [f.name for f, _ in contents.ListFields()]
+    if field is None:
+        raise InvalidInput(f"input '{name}': {datatype} travels only in raw_input_contents")
+    stray = [f for f in present if f != field]
+    if stray:
+        raise InvalidInput(f"input '{name}': {datatype} values belong in contents.{field}, "
+                           f"not {', '.join('contents.' + f for f in stray)}")
+    values = getattr(contents, field)
+    if len(values) != count:
+        raise InvalidInput(f"input '{name}': contents.{field} has {len(values)} elements but "
+                           f"shape {shape} needs {count}")
+    if datatype == "BYTES":
+        array = np.empty(count, dtype=object)
+        array[:] = list(values)
+        return array.reshape(shape)
+    wide = np.array(values, dtype=np.uint64 if datatype == "UINT64" else None)
+    if dtype.kind in "iu" and wide.size and wide.dtype != dtype:
+        info = np.iinfo(dtype)
+        if wide.min() < info.min or wide.max() > info.max:
+            raise InvalidInput(f"input '{name}': contents.{field} has values out of range for "
+                               f"{datatype}")
+    return wide.astype(dtype, copy=False).reshape(shape)
+
+
+def encode_model_infer_response(
+    *, model_name: str, model_version: str, request: InferRequest,
+    outputs: dict[str, np.ndarray], batched: bool,
+) -> pb.ModelInferResponse:
+    """The answer with every output's bytes in `raw_output_contents`, in output order."""
+    tensors = []
+    raw = []
+    for name, array, _ in answered_outputs(outputs, request.outputs, True, batched):
+        datatype = datatype_of(array)
+        tensors.append(pb.ModelInferResponse.InferOutputTensor(
+            name=name, datatype=datatype, shape=array.shape))
+        raw.append(bytes(binary_block(array, datatype)))
+    return pb.ModelInferResponse(model_name=model_name, model_version=model_version,
+                                 id=request.id or "", outputs=tensors, raw_output_contents=raw)

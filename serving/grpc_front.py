@@ -1,0 +1,357 @@
+"""The gRPC front: KServe v2 `inference.GRPCInferenceService` (with Triton's extensions that
+tritonclient.grpc calls) over the same DataPlane as the HTTP front, on grpcio's asyncio server
+in the HTTP server's event loop; plus gRPC health checking and server reflection.
+
+Like serving.app for HTTP, it only adapts: metadata carries what HTTP headers carry (predict key
+as `authorization: Bearer <key>` or `x-api-key`, `x-routing-key`, and `x-model-version` to pin
+when the request's `model_version` is empty), the answering version comes back as `x-model-version`
+trailing metadata, and the data plane's typed errors become gRPC status codes in one table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+
+import grpc
+from google.protobuf import json_format
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from tritonclient.grpc import model_config_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb
+
+from serving.dataplane import DataPlane
+from serving.errors import InvalidInput, ModelNotFound, ReplicaStarting, ServingError
+from serving.grpc_codec import decode_model_infer_request, encode_model_infer_response
+
+log = logging.getLogger(__name__)
+
+SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+#: The data plane's HTTP status -> the gRPC status code a client sees (once, for every call).
+STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    405: grpc.StatusCode.UNIMPLEMENTED,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    409: grpc.StatusCode.FAILED_PRECONDITION,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    501: grpc.StatusCode.UNIMPLEMENTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+}
+#: How often the health service re-reads the data plane's readiness (for Watch; Check reads
+#: it at once).
+HEALTH_POLL_SECONDS = 0.5
+
+
+def status_code(error: ServingError) -> grpc.StatusCode:
+    return STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
+
+
+def _trailers(error: ServingError) -> tuple[tuple[str, str], ...]:
+    """The error's HTTP headers (Retry-After, WWW-Authenticate) as trailing metadata."""
+    return tuple((k.lower(), v) for k, v in error.headers.items() if k.lower() != "connection")
+
+
+def _answers(method):
+    """Run one unary call; a typed data-plane error aborts it with its status code."""
+
+    @functools.wraps(method)
+    async def call(self, request, context: grpc.aio.ServicerContext):
+        try:
+            return await method(self, request, context)
+        except ServingError as exc:
+            await context.abort(status_code(exc), exc.message, _trailers(exc))
+        except Exception as exc:  # noqa: BLE001 - a genuine fault: INTERNAL, logged once
+            log.exception("gRPC %s failed", method.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                f"internal error: {type(exc).__name__}: {exc}")
+
+    return call
+
+
+class _Caller:
+    """What a call's metadata says: predict key, routing key, pinned version, authorization."""
+
+    __slots__ = ("api_key", "routing_key", "version", "authorization")
+
+    def __init__(self, metadata) -> None:
+        self.api_key = self.routing_key = self.version = self.authorization = None
+        for key, value in metadata or ():
+            if key == "authorization":
+                self.authorization = value
+                scheme, _, token = value.partition(" ")
+                if scheme.lower() == "bearer":
+                    self.api_key = token.strip() or self.api_key
+            elif key == "x-api-key":
+                self.api_key = value.strip()
+            elif key == "x-routing-key":
+                self.routing_key = value
+            elif key == "x-model-version":
+                self.version = value
+
+
+def _version(request_version: str, caller: _Caller) -> str | None:
+    """The pinned version: the request's `model_version`, else `x-model-version` metadata."""
+    if request_version and caller.version and request_version != caller.version:
+        raise InvalidInput(f"model_version '{request_version}' and x-model-version metadata "
+                      f"'{caller.version}' disagree")
+    return request_version or caller.version or None
+
+
+class _Health(health.aio.HealthServicer):
+    """grpc.health.v1.Health whose Check reads the data plane's readiness at once (Watch
+    follows it through GrpcFront's poll)."""
+
+    def __init__(self, refresh) -> None:
+        super().__init__()
+        self._refresh = refresh
+
+    async def Check(self, request, context):
+        await self._refresh()
+        return await super().Check(request, context)
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """`inference.GRPCInferenceService` over one DataPlane."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dataplane = dataplane
+
+    # -- health and metadata -----------------------------------------------------------------
+
+    @_answers
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=True)
+
+    @_answers
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.dataplane.ready()[0])
+
+    @_answers
+    async def ModelReady(self, request, context):
+        """Unknown models are simply not ready (Triton's answer; tritonclient's bool)."""
+        try:
+            ready = self.dataplane.model_ready(request.name, request.version or None)
+        except (ModelNotFound, ReplicaStarting):
+            ready = False
+        return pb.ModelReadyResponse(ready=ready)
+
+    @_answers
+    async def ServerMetadata(self, request, context):
+        meta = self.dataplane.server_metadata()
+        return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"],
+                                         extensions=meta["extensions"])
+
+    @_answers
+    async def ModelMetadata(self, request, context):
+        caller = _Caller(context.invocation_metadata())
+        meta = self.dataplane.model_metadata(request.name, request.version or None,
+                                             api_key=caller.api_key)
+        return json_format.ParseDict(meta, pb.ModelMetadataResponse())
+
+    @_answers
+    async def ModelConfig(self, request, context):
+        caller = _Caller(context.invocation_metadata())
+        config = self.dataplane.model_config(request.name, request.version or None,
+                                             api_key=caller.api_key)
+        versions = config["version_policy"]["specific"]["versions"]
+        if not all(v.isdigit() for v in versions):  # Triton's versions are numbers
+            del config["version_policy"]
+        message = json_format.ParseDict(config, model_config_pb2.ModelConfig(),
+                                        ignore_unknown_fields=True)
+        return pb.ModelConfigResponse(config=message)
+
+    @_answers
+    async def ModelStatistics(self, request, context):
+        caller = _Caller(context.invocation_metadata())
+        stats = self.dataplane.model_stats(request.name or None, request.version or None,
+                                           api_key=caller.api_key)
+        return json_format.ParseDict(stats, pb.ModelStatisticsResponse(),
+                                     ignore_unknown_fields=True)  # `shadow` is ours
+
+    # -- inference ---------------------------------------------------------------------------
+
+    async def _infer(self, request: pb.ModelInferRequest, caller: _Caller):
+        if not request.model_name:
+            raise InvalidInput("model_name is required")
+        decoded = decode_model_infer_request(request)
+        outputs, lv = await self.dataplane.predict(
+            request.model_name, _version(request.model_version, caller), decoded,
+            routing_key=caller.routing_key, api_key=caller.api_key)
+        response = encode_model_infer_response(
+            model_name=request.model_name, model_version=lv.version, request=decoded,
+            outputs=outputs, batched=lv.batched)
+        return response, lv
+
+    @_answers
+    async def ModelInfer(self, request, context):
+        response, lv = await self._infer(request, _Caller(context.invocation_metadata()))
+        # Trailing, not initial: sent with the answer and its status in one batch, where
+        # send_initial_metadata costs a write of its own (~15% of a call's loop time).
+        context.set_trailing_metadata(lv.grpc_version_metadata)
+        return response
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Each request runs as it arrives; answers go back as they finish (tritonclient
+        matches them by id). A failed request is an answer with `error_message`, and the
+        stream goes on, as Triton does."""
+        caller = _Caller(context.invocation_metadata())
+        answers: asyncio.Queue = asyncio.Queue()
+        running: set[asyncio.Task] = set()
+
+        async def one(request) -> None:
+            try:
+                response, _ = await self._infer(request, caller)
+                answers.put_nowait(pb.ModelStreamInferResponse(infer_response=response))
+            except ServingError as exc:
+                answers.put_nowait(_stream_error(request, exc.message))
+            except Exception as exc:  # noqa: BLE001 - a genuine fault, logged once
+                log.exception("gRPC ModelStreamInfer request failed")
+                answers.put_nowait(_stream_error(request, f"internal error: {exc}"))
+
+        async def read() -> None:
+            async for request in request_iterator:
+                task = asyncio.create_task(one(request))
+                running.add(task)
+                task.add_done_callback(running.discard)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                getter = asyncio.ensure_future(answers.get())
+                await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield getter.result()
+                    continue
+                getter.cancel()
+                if reader.exception() is not None:
+                    raise reader.exception()
+                if running:
+                    await asyncio.gather(*running, return_exceptions=True)
+                while not answers.empty():
+                    yield answers.get_nowait()
+                return
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+    # -- repository --------------------------------------------------------------------------
+
+    @_answers
+    async def RepositoryIndex(self, request, context):
+        index = self.dataplane.repository_index(request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in index])
+
+    @_answers
+    async def RepositoryModelLoad(self, request, context):
+        caller = _Caller(context.invocation_metadata())
+        await self.dataplane.repository_action("load", request.model_name, caller.authorization)
+        return pb.RepositoryModelLoadResponse()
+
+    @_answers
+    async def RepositoryModelUnload(self, request, context):
+        caller = _Caller(context.invocation_metadata())
+        await self.dataplane.repository_action("unload", request.model_name,
+                                               caller.authorization)
+        return pb.RepositoryModelUnloadResponse()
+
+
+def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
+    """A stream answer for a failed request: tritonclient reads `error_message`; the echoed
+    name, version and id say which request it was."""
+    return pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(
+        model_name=request.model_name, model_version=request.model_version, id=request.id))
+
+
+def _unimplemented(name: str, what: str):
+    async def call(self, request, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name}: {what}")
+
+    call.__name__ = name
+    return call
+
+
+for _name in ("SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
+              "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus",
+              "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister"):
+    setattr(InferenceServicer, _name, _unimplemented(
+        _name, "shared-memory tensors are not offered: send raw_input_contents"))
+for _name in ("TraceSetting", "LogSettings"):
+    setattr(InferenceServicer, _name, _unimplemented(_name, "not offered by this server"))
+
+
+class GrpcFront:
+    """The gRPC server beside the HTTP one, in the same event loop and process: started after
+    the reconciler, NOT_SERVING from the drain's start, stopped (no new calls, in-flight ones
+    finish) before the models are released."""
+
+    def __init__(self, dataplane: DataPlane, *, host: str, port: int,
+                 max_message_bytes: int, reuse_port: bool = False) -> None:
+        self.dataplane = dataplane
+        self.address = f"{host}:{port}"
+        self.port = port
+        self.max_message_bytes = max_message_bytes
+        self.reuse_port = reuse_port
+        self.server: grpc.aio.Server | None = None
+        self.health = _Health(self._sync_health)
+        self._watch: asyncio.Task | None = None
+        self._draining = False
+
+    async def start(self) -> None:
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", -1),  # the output budget bounds answers
+            ("grpc.so_reuseport", 1 if self.reuse_port else 0),  # a taken port fails loudly
+        ])
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+            InferenceServicer(self.dataplane), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), server)
+        self.port = server.add_insecure_port(self.address)  # raises if it cannot bind
+        await self._sync_health()
+        await server.start()
+        self.server = server
+        self._watch = asyncio.create_task(self._follow_readiness())
+        log.info("gRPC on %s", self.address)
+
+    async def _sync_health(self) -> None:
+        """'' (the server) and the inference service: SERVING exactly when /v2/health/ready
+        says ready."""
+        if self._draining:
+            return
+        serving = self.dataplane.ready()[0]
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for service in ("", SERVICE):
+            await self.health.set(service, status)
+
+    async def _follow_readiness(self) -> None:
+        while True:
+            await asyncio.sleep(HEALTH_POLL_SECONDS)
+            try:
+                await self._sync_health()
+            except Exception:  # noqa: BLE001 - keep following; the next tick tries again
+                log.exception("gRPC health update failed")
+
+    async def begin_drain(self) -> None:
+        """SIGTERM: health says NOT_SERVING from now on; calls are still answered."""
+        self._draining = True
+        await self.health.enter_graceful_shutdown()
+
+    async def stop(self, grace: float) -> None:
+        """No new calls; the ones in flight get `grace` seconds to finish."""
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        if self.server is not None:
+            if not self._draining:
+                await self.begin_drain()
+            await self.server.stop(grace)
+            self.server = None
