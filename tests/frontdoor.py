@@ -29,9 +29,10 @@ def missing() -> str:
     return ""
 
 
-def render(servers: dict[str, str], *, port: int, stats_port: int,
-           source: Path = CONFIG) -> str:
-    """deploy/haproxy.cfg for loopback: `servers` maps a name to its `host:port`."""
+def render(servers: dict[str, str], *, port: int, stats_port: int, grpc_port: int = 0,
+           grpc: dict[str, str] | None = None, source: Path = CONFIG) -> str:
+    """deploy/haproxy.cfg for loopback: `servers` maps a name to its `host:port`, `grpc` the
+    same names to their gRPC `host:port` (health still read on the HTTP port)."""
     out = []
     for line in source.read_text().splitlines():
         marker = line.partition("# frontdoor: ")[2].strip()
@@ -43,6 +44,12 @@ def render(servers: dict[str, str], *, port: int, stats_port: int,
         elif marker == "servers":
             out += [f"{indent}server {name} {address}" for name, address in servers.items()]
             out.append(SERVED_BY)
+        elif marker == "grpc-bind":
+            out.append(f"{indent}bind 127.0.0.1:{grpc_port or free_port()} proto h2")
+        elif marker == "grpc-servers":
+            out += [f"{indent}server {name} {address} proto h2 check-proto h1 check port "
+                    f"{servers[name].rpartition(':')[2]}"
+                    for name, address in (grpc or {}).items()]
         else:
             out.append(line)
     return "\n".join(out) + "\n"
@@ -51,12 +58,15 @@ def render(servers: dict[str, str], *, port: int, stats_port: int,
 class FrontDoor:
     """One haproxy process (foreground, `-db`) with its rendered config and log in `root`."""
 
-    def __init__(self, root: Path, servers: dict[str, str]) -> None:
+    def __init__(self, root: Path, servers: dict[str, str],
+                 grpc: dict[str, str] | None = None) -> None:
         self.root, self.servers = root, servers
-        self.port, self.stats_port = free_port(), free_port()
+        self.port, self.stats_port, self.grpc_port = free_port(), free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.grpc_address = f"127.0.0.1:{self.grpc_port}"
         self.config = root / "haproxy.cfg"
-        self.config.write_text(render(servers, port=self.port, stats_port=self.stats_port))
+        self.config.write_text(render(servers, port=self.port, stats_port=self.stats_port,
+                                      grpc_port=self.grpc_port, grpc=grpc))
         self.log = root / "haproxy.log"
         self.proc: subprocess.Popen | None = None
 
@@ -85,6 +95,18 @@ class FrontDoor:
         rows = csv.DictReader(io.StringIO(r.text.lstrip("# ")))
         return {row["svname"]: row["status"] for row in rows
                 if row["pxname"] == "serving" and row["svname"] in self.servers}
+
+    def grpc_rows(self) -> dict[str, dict]:
+        """haproxy's stats row of each gRPC server line, by name."""
+        r = httpx.get(f"http://127.0.0.1:{self.stats_port}/stats;csv", timeout=5)
+        rows = csv.DictReader(io.StringIO(r.text.lstrip("# ")))
+        return {row["svname"]: row for row in rows
+                if row["pxname"] == "serving-grpc" and row["svname"] not in ("FRONTEND",
+                                                                            "BACKEND")}
+
+    def grpc_sessions(self) -> dict[str, int]:
+        """Calls each gRPC server line took (its sessions, `stot`)."""
+        return {name: int(row["stot"] or 0) for name, row in self.grpc_rows().items()}
 
     def up(self) -> set[str]:
         try:

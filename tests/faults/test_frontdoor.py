@@ -142,7 +142,7 @@ def test_compose_publishes_inference_only_through_the_front_door_it_configures()
 
     compose = yaml.safe_load((frontdoor.REPO / "docker-compose.yml").read_text())["services"]
     assert "ports" not in compose["serving"]  # replicas scale without host-port clashes
-    assert compose["frontdoor"]["ports"] == ["8080:8080"]
+    assert compose["frontdoor"]["ports"] == ["8080:8080", "9001:9001"]  # HTTP, gRPC
     mount = "./deploy/haproxy.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro"
     assert mount in compose["frontdoor"]["volumes"]
     r = subprocess.run(["haproxy", "-c", "-f", str(frontdoor.CONFIG)], capture_output=True,
@@ -150,4 +150,40 @@ def test_compose_publishes_inference_only_through_the_front_door_it_configures()
     assert r.returncode == 0, r.stdout + r.stderr
     servers = [line.split() for line in frontdoor.CONFIG.read_text().splitlines()
                if line.strip().startswith("server-template")]
-    assert [s[3] for s in servers] == ["serving:8001"] and "resolvers" in servers[0]
+    assert [s[3] for s in servers] == ["serving:8001", "serving:9001"]  # HTTP, gRPC
+    assert all("resolvers" in s for s in servers)
+
+
+def test_grpc_through_the_front_door_reaches_both_replicas_and_streams(engineer, ready_model,
+                                                                       tmp_path):
+    """The gRPC listener (HTTP/2 end to end): tritonclient.grpc unchanged, unary calls spread
+    over both replicas (their health read on the HTTP port), a stream answered in full."""
+    import numpy as np
+    import tritonclient.grpc as tgrpc
+
+    ready_model("fast", samples.mlp(seed=1))
+    with replicas(2, embedded=not CLUSTERED, log_dir=tmp_path, grpc=True, **QUIET) as (r1, r2):
+        door = frontdoor.FrontDoor(tmp_path, {"r1": r1.url[7:], "r2": r2.url[7:]},
+                                   grpc={"r1": r1.grpc_address, "r2": r2.grpc_address}).start()
+        try:
+            post(engineer, "fast", "deploy", {"version": 1})
+            wait_until(lambda: all(row["status"] == "UP" for row in door.grpc_rows().values()),
+                       30, interval=0.1, what="both gRPC servers up behind haproxy")
+            client = tgrpc.InferenceServerClient(door.grpc_address)
+            assert client.is_server_ready() and client.is_model_ready("fast")
+            x = np.full((1, 64), 0.5, dtype=np.float32)
+            inputs = [tgrpc.InferInput("x", [1, 64], "FP32")]
+            inputs[0].set_data_from_numpy(x)
+            answers = [client.infer("fast", inputs).as_numpy("y") for _ in range(40)]
+            assert all(np.array_equal(a, answers[0]) for a in answers)
+            got = []
+            client.start_stream(callback=lambda result, error: got.append(error or result))
+            for i in range(20):
+                client.async_stream_infer("fast", inputs, request_id=str(i))
+            client.stop_stream()  # waits for every answer
+            client.close()
+            served = {name: stats for name, stats in door.grpc_sessions().items()}
+        finally:
+            door.stop()
+    assert len(got) == 20 and all(not isinstance(g, Exception) for g in got), got[:3]
+    assert all(n > 0 for n in served.values()), served  # leastconn used both replicas
