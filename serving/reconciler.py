@@ -9,16 +9,25 @@ source raises, the replica keeps serving its last table and says why (degraded).
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import dataclasses
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
+from time import monotonic
 
 from serving.batching import DynamicBatcher
 from serving.dataplane import DataPlane, LoadedVersion, RouteTable
 from serving.hashing import file_sha256
 from serving.pipeline import PipelineBatcher, PipelineRuntime
-from serving.routes import DesiredState, DesiredStateSource, ModelRoute, ObservedState, VersionSpec
+from serving.routes import (
+    SCALED_TO_ZERO,
+    DesiredState,
+    DesiredStateSource,
+    ModelRoute,
+    ObservedState,
+    VersionSpec,
+)
 from serving.runtime import TENSORRT, OnnxRuntime, select_providers
 from serving.signature import batch_dimension
 from serving.stats import VersionStats
@@ -32,8 +41,10 @@ class LoadFailed(Exception):
 
 
 def load_version(spec: VersionSpec, *, intra_op_threads: int = 0,
-                 providers: list[str] | None = None) -> LoadedVersion:
-    """Verify, load and warm one version (blocking; call from a worker thread)."""
+                 providers: list[str] | None = None,
+                 stats: VersionStats | None = None) -> LoadedVersion:
+    """Verify, load and warm one version (blocking; call from a worker thread). `stats`: the
+    counters it had before it was scaled to zero, to go on with."""
     if spec.signature.get("error"):
         raise LoadFailed(spec.signature["error"])
     if not os.path.isfile(spec.artifact_path):
@@ -69,7 +80,7 @@ def load_version(spec: VersionSpec, *, intra_op_threads: int = 0,
     except Exception as exc:  # noqa: BLE001
         runtime.unload()
         raise LoadFailed(f"warm-up failed: {exc}") from None
-    stats = VersionStats(spec.model, spec.version)
+    stats = stats or VersionStats(spec.model, spec.version)
     batcher = DynamicBatcher(runtime.predict, config, stats)
     return LoadedVersion(spec=spec, runtime=runtime, batcher=batcher, stats=stats,
                          max_batch_size=config.max_batch_size)
@@ -93,6 +104,7 @@ class Reconciler:
         self, source: DesiredStateSource, dataplane: DataPlane, *, poll_seconds: float = 1.0,
         heartbeat_seconds: float = 2.0, intra_op_threads: int = 0,
         providers: list[str] | None = None, load_workers: int = 2,
+        idle_check_seconds: float = 0.5, cold_start_wait_seconds: float = 30.0,
     ) -> None:
         self.source = source
         self.dataplane = dataplane
@@ -112,9 +124,17 @@ class Reconciler:
         self._waiting: dict[tuple[str, str], str] = {}
         self._seen_revision: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Scale to zero: versions unloaded for want of requests (key -> spec; their stats are
+        # in dataplane.asleep), and the one load per model that requests wait for.
+        self.idle_check_seconds = idle_check_seconds
+        self._asleep: dict[tuple[str, str], VersionSpec] = {}
+        self._waking: dict[str, asyncio.Task] = {}
+        self._background: set[asyncio.Task] = set()
         dataplane.source = source
         dataplane.on_repository_change = self.reconcile
         dataplane.loading = self._loading
+        dataplane.wake = self.wake
+        dataplane.cold_start_wait_s = cold_start_wait_seconds
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -127,7 +147,8 @@ class Reconciler:
         except Exception as exc:  # noqa: BLE001 - polling still works without push
             log.warning("could not subscribe to route revisions: %s", exc)
         self._tasks = [asyncio.create_task(self._poll_loop()),
-                       asyncio.create_task(self._heartbeat_loop())]
+                       asyncio.create_task(self._heartbeat_loop()),
+                       asyncio.create_task(self._idle_loop())]
 
     async def stop(self, *, leave_seconds: float = 5.0) -> None:
         """Stop the loops, release every session, then leave the source: the last word, so no
@@ -178,6 +199,14 @@ class Reconciler:
             await asyncio.sleep(self.heartbeat_seconds)
             await self.heartbeat()
 
+    async def _idle_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.idle_check_seconds)
+            try:
+                await self.scale_idle()
+            except Exception:  # noqa: BLE001 - never let the idle check stop serving
+                log.exception("scale to zero check failed")
+
     # -- one reconcile -----------------------------------------------------------------------
 
     async def reconcile(self, *, force: bool = False) -> bool:
@@ -202,7 +231,10 @@ class Reconciler:
     async def _apply(self, desired: DesiredState) -> None:
         """Load what is missing, build the new table, swap it in, retire what it no longer uses."""
         old = self.dataplane.table
+        self._follow_asleep(desired)
         fresh = await self._load_missing(desired, old)
+        for key in set(self.dataplane.asleep) - set(self._asleep):
+            del self.dataplane.asleep[key]  # loaded again (or failed): counted there now
         loaded = self._keep_loaded(desired, fresh, old)
         self._hold_back_pipelines(desired, loaded)
         routes = self._build_routes(desired, loaded, old)
@@ -210,6 +242,24 @@ class Reconciler:
         self.dataplane.table = RouteTable(desired.revision, routes, loaded, status)  # the swap
         self.dataplane.started = True
         self._retire_unused(old, loaded)
+        now = monotonic()
+        for model in {key[0] for key in fresh}:  # just loaded: the idle clock starts again
+            self.dataplane.activity.setdefault(model, [0, now])[1] = now
+
+    def _follow_asleep(self, desired: DesiredState) -> None:
+        """A scaled-to-zero version stays asleep while its route still scales to zero (with its
+        newest spec); one no longer desired is forgotten, one whose route stopped scaling to
+        zero is loaded by this reconcile (its counters go on)."""
+        for key in list(self._asleep):
+            spec = desired.versions.get(key)
+            route = desired.routes.get(key[0])
+            if spec is None or route is None:
+                del self._asleep[key]
+                self.dataplane.asleep.pop(key, None)
+            elif route.scale_to_zero_after_s > 0:
+                self._asleep[key] = spec
+            else:
+                del self._asleep[key]  # loaded below, with the stats kept in dataplane.asleep
 
     async def _load_missing(self, desired: DesiredState,
                             old: RouteTable) -> dict[tuple[str, str], LoadedVersion]:
@@ -217,6 +267,8 @@ class Reconciler:
         settings; a failure is remembered so the same spec is not retried every poll."""
         to_load = []
         for key, spec in desired.versions.items():
+            if key in self._asleep:
+                continue
             have = old.loaded.get(key)
             if have is not None and have.spec == spec:
                 continue
@@ -236,14 +288,17 @@ class Reconciler:
         return fresh
 
     async def _load(self, spec: VersionSpec) -> tuple[VersionSpec, LoadedVersion | str]:
-        """One version loaded in the loader pool: the LoadedVersion, or why it failed."""
+        """One version loaded in the loader pool: the LoadedVersion, or why it failed. A version
+        that was scaled to zero goes on with its counters."""
         if spec.pipeline is not None:
             return spec, load_pipeline(spec, self.dataplane)
         self._loading[spec.key] = spec
+        stats = self.dataplane.asleep.get(spec.key)
         try:
             return spec, await asyncio.get_running_loop().run_in_executor(
                 self._loader, lambda: load_version(
-                    spec, intra_op_threads=self.intra_op_threads, providers=self.providers))
+                    spec, intra_op_threads=self.intra_op_threads, providers=self.providers,
+                    stats=stats))
         except LoadFailed as exc:
             return spec, str(exc)
         except Exception as exc:  # noqa: BLE001 - any failure is that version's alone
@@ -284,8 +339,12 @@ class Reconciler:
                       old: RouteTable) -> dict[str, ModelRoute]:
         """Every desired route, made routable; a kept old route keeps its versions in `loaded`."""
         routes: dict[str, ModelRoute] = {}
+        # a scaled-to-zero version counts as routable: a request wakes it
+        available = set(loaded) | set(self._asleep)
+        before = set(old.loaded) | {k for k, (state, _) in old.status.items()
+                                    if state == SCALED_TO_ZERO and k in self._asleep}
         for name, route in desired.routes.items():
-            routes[name] = self._routable(route, loaded, old, name)
+            routes[name] = self._routable(route, available, old, name, before)
             for v in routes[name].versions():
                 if (name, v) not in loaded and (name, v) in old.loaded:
                     loaded[(name, v)] = old.loaded[(name, v)]
@@ -299,6 +358,8 @@ class Reconciler:
         for key in desired.versions:
             if key in loaded:
                 status[key] = ("READY", None)
+            elif key in self._asleep:
+                status[key] = (SCALED_TO_ZERO, None)
             elif key in self._failed:
                 status[key] = ("FAILED", self._failed[key][1])
             elif key in self._waiting:
@@ -321,14 +382,16 @@ class Reconciler:
                 task.add_done_callback(self._draining.discard)
 
     @staticmethod
-    def _routable(route: ModelRoute, loaded: dict, old: RouteTable, name: str) -> ModelRoute:
-        """Never route to a version that is not loaded: keep the previous route if it still
-        works, else drop the failed side (a failed candidate gets no traffic)."""
+    def _routable(route: ModelRoute, loaded: set, old: RouteTable, name: str,
+                  before: set) -> ModelRoute:
+        """Never route to a version that is not loaded (or scaled to zero): keep the previous
+        route if it still works, else drop the failed side (a failed candidate gets no
+        traffic). `loaded` / `before`: the keys servable in the new / the old table."""
         if all((name, v) in loaded for v in route.serving_versions()):
             return route
         previous = old.routes.get(name)
         if previous is not None and all(
-                (name, v) in old.loaded for v in previous.serving_versions()
+                (name, v) in before for v in previous.serving_versions()
         ) and previous.serving_versions():
             return previous
         changes: dict = {}
@@ -336,13 +399,113 @@ class Reconciler:
             changes.update(candidate=None, candidate_weight=0)
         return dataclasses.replace(route, **changes) if changes else route
 
-    async def _retire(self, lv: LoadedVersion) -> None:
-        """Let in-flight requests finish, then release the session."""
+    async def _retire(self, lv: LoadedVersion, *, trim: bool = False) -> None:
+        """Let in-flight requests finish, then release the session; `trim`: then hand the
+        freed heap back to the system (scale to zero is about that memory)."""
         try:
             await lv.batcher.drain()
         finally:
             lv.batcher.close()
             lv.runtime.unload()
+            if trim:
+                release_free_memory()
+
+    # -- scale to zero -----------------------------------------------------------------------
+
+    def _sleepable(self, model: str, table: RouteTable) -> list[tuple[str, str]]:
+        """The model's loaded versions that may be unloaded: not pipelines (nothing of their
+        own to free) and not a step of a loaded pipeline (that would fail it)."""
+        steps = {step.key for lv in table.loaded.values() if lv.spec.pipeline is not None
+                 for step in lv.spec.pipeline.steps}
+        return [key for key, lv in table.loaded.items()
+                if key[0] == model and lv.spec.pipeline is None and key not in steps]
+
+    def _idle_models(self, table: RouteTable, now: float) -> list[str]:
+        """Models whose route scales to zero, with nothing in flight and no request for longer
+        than its timeout, that still have versions to unload here."""
+        due = []
+        for name, route in table.routes.items():
+            after = route.scale_to_zero_after_s
+            if after <= 0:
+                continue
+            activity = self.dataplane.activity.get(name)
+            if activity is None:  # first seen: the idle clock starts now
+                self.dataplane.activity[name] = [0, now]
+                continue
+            if activity[0] == 0 and now - activity[1] >= after \
+                    and self._sleepable(name, table) and name not in self._waking:
+                due.append(name)
+        return due
+
+    async def scale_idle(self) -> list[str]:
+        """Unload the versions of every model idle past its route's timeout (the route stays:
+        the next request loads them again); the models scaled to zero."""
+        if not self._idle_models(self.dataplane.table, monotonic()):
+            return []
+        async with self._lock:
+            table = self.dataplane.table
+            due = self._idle_models(table, monotonic())  # again: no await since this check
+            if not due:
+                return []
+            loaded, status = dict(table.loaded), dict(table.status)
+            for name in due:
+                for key in self._sleepable(name, table):
+                    lv = loaded.pop(key)
+                    self._asleep[key] = lv.spec
+                    self.dataplane.asleep[key] = lv.stats
+                    status[key] = (SCALED_TO_ZERO, None)
+            self.dataplane.table = RouteTable(table.revision, table.routes, loaded, status)
+            keep = {id(lv) for lv in loaded.values()}
+            for lv in table.loaded.values():
+                if id(lv) not in keep:
+                    self._spawn(self._retire(lv, trim=True))
+        log.info("scaled to zero (idle): %s", ", ".join(due))
+        await self.heartbeat()
+        return due
+
+    def wake(self, model: str) -> asyncio.Task:
+        """The load of `model`'s scaled-to-zero versions: one task that every request waiting
+        for them shares (await it shielded)."""
+        task = self._waking.get(model)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._wake(model, monotonic()))
+            self._waking[model] = task
+            task.add_done_callback(lambda _t: self._waking.pop(model, None))
+        return task
+
+    async def _wake(self, model: str, started: float) -> None:
+        """Load the model's scaled-to-zero versions and swap them into the table, recording
+        each one's cold start (from the first request's arrival). Waits for a reconcile in
+        progress (a rollout), and wakes whatever versions are asleep once it has finished."""
+        async with self._lock:
+            specs = [spec for key, spec in self._asleep.items() if key[0] == model]
+            if not specs:
+                return
+            results = await asyncio.gather(*(self._load(spec) for spec in specs))
+            seconds = monotonic() - started
+            table = self.dataplane.table
+            loaded, status = dict(table.loaded), dict(table.status)
+            for spec, outcome in results:
+                self._asleep.pop(spec.key, None)
+                self.dataplane.asleep.pop(spec.key, None)
+                if isinstance(outcome, str):
+                    self._failed[spec.key] = (spec, outcome)
+                    status[spec.key] = ("FAILED", outcome)
+                    log.warning("model %s version %s FAILED to wake: %s", spec.model,
+                                spec.version, outcome)
+                else:
+                    outcome.stats.record_cold_start(seconds)
+                    loaded[spec.key] = outcome
+                    status[spec.key] = ("READY", None)
+            self.dataplane.activity.setdefault(model, [0, 0.0])[1] = monotonic()
+            self.dataplane.table = RouteTable(table.revision, table.routes, loaded, status)
+        log.info("model %s woke from zero in %.2f s", model, seconds)
+        self._spawn(self.heartbeat())  # the waiting requests need not wait for the report
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # -- observed state ----------------------------------------------------------------------
 
@@ -374,6 +537,10 @@ class Reconciler:
         for (model, version) in self._loading:
             versions.setdefault(f"{model}:{version}", {
                 "state": "LOADING", "reason": None, "providers": [], "queue_depth": 0})
+        for (model, version), stats in list(self.dataplane.asleep.items()):
+            versions.setdefault(f"{model}:{version}", {
+                "state": SCALED_TO_ZERO, "reason": None, "providers": [], "queue_depth": 0,
+                "stats": stats.snapshot()})
         return ObservedState(replica=self.dataplane.replica, revision=table.revision,
                              versions=versions, degraded=self.dataplane.degraded)
 
@@ -382,3 +549,12 @@ class Reconciler:
             await self._call(self.source.report, self.observed())
         except Exception as exc:  # noqa: BLE001
             self._set_degraded(f"cannot report to route source: {type(exc).__name__}: {exc}")
+
+
+def release_free_memory() -> None:
+    """Return freed heap pages to the system (glibc's malloc_trim), so a model unloaded for
+    scale to zero shows in the process's resident memory; a no-op elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
