@@ -70,6 +70,9 @@ class ServingSettings:
     # process), synced every quota_sync_seconds (serving.ratelimit)
     quota_redis_url: str = ""
     quota_sync_seconds: float = DEFAULT_SYNC_SECONDS
+    # Scale to zero: how long a request waits for its scaled-to-zero model to load before a
+    # 503 with Retry-After (MMC_COLD_START_WAIT_SECONDS)
+    cold_start_wait_seconds: float = 30.0
 
     @classmethod
     def from_env(cls, env: dict | None = None) -> ServingSettings:
@@ -86,6 +89,8 @@ class ServingSettings:
             quota_redis_url=e.get("REDIS_URL", ""),
             quota_sync_seconds=float(e.get("MMC_QUOTA_SYNC_SECONDS")
                                      or cls.quota_sync_seconds),
+            cold_start_wait_seconds=float(e.get("MMC_COLD_START_WAIT_SECONDS")
+                                          or cls.cold_start_wait_seconds),
         )
 
 
@@ -433,5 +438,6 @@ def create_app(source: DesiredStateSource, *, replica: str,
     reconciler = Reconciler(
         source, dataplane, poll_seconds=settings.poll_seconds,
         heartbeat_seconds=settings.heartbeat_seconds,
-        intra_op_threads=settings.intra_op_threads, providers=settings.providers)
+        intra_op_threads=settings.intra_op_threads, providers=settings.providers,
+        cold_start_wait_seconds=settings.cold_start_wait_seconds)
     return ServingApp(dataplane, reconciler, settings)
