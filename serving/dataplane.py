@@ -318,16 +318,18 @@ class DataPlane:
         arriving meanwhile (a rollout) is followed: the request is picked again from it."""
         deadline = monotonic() + self.cold_start_wait_s
         while True:
-            left = deadline - monotonic()
-            if self.wake is None or left <= 0:
-                raise ModelNotReady(
-                    f"model '{model}' is starting from zero on this replica (cold start); "
-                    "retry shortly", retry_after=max(1, math.ceil(self.cold_start_wait_s / 10)))
+            if self.wake is None:
+                raise ModelNotReady(f"model '{model}' is scaled to zero and this replica "
+                                    "cannot load it now", retry_after=1)
+            load = self.wake(model)  # started (or joined) even by a request that will give up
             try:
                 # shielded: a request that gives up does not cancel the load others wait for
-                await asyncio.wait_for(asyncio.shield(self.wake(model)), left)
+                await asyncio.wait_for(asyncio.shield(load), max(deadline - monotonic(), 0))
             except TimeoutError:
-                continue  # the deadline has passed: the 503 above
+                raise ModelNotReady(
+                    f"model '{model}' is starting from zero on this replica (cold start); "
+                    "retry shortly",
+                    retry_after=max(1, math.ceil(self.cold_start_wait_s / 10))) from None
             table = self.table
             route = table.routes.get(model)
             if route is None:

@@ -468,12 +468,12 @@ class Reconciler:
         for them shares (await it shielded)."""
         task = self._waking.get(model)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._wake(model, monotonic()))
+            task = asyncio.get_running_loop().create_task(self._cold_load(model, monotonic()))
             self._waking[model] = task
             task.add_done_callback(lambda _t: self._waking.pop(model, None))
         return task
 
-    async def _wake(self, model: str, started: float) -> None:
+    async def _cold_load(self, model: str, started: float) -> None:
         """Load the model's scaled-to-zero versions and swap them into the table, recording
         each one's cold start (from the first request's arrival). Waits for a reconcile in
         progress (a rollout), and wakes whatever versions are asleep once it has finished."""
