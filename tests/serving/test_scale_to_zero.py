@@ -159,3 +159,13 @@ def test_a_new_version_loads_while_its_model_sleeps_and_turning_it_off_loads_all
         await replica.reconciler.stop()
 
     run(main())
+
+
+def test_the_cold_start_wait_comes_from_the_environment(versions):
+    from serving.app import ServingSettings, create_app
+
+    settings = ServingSettings.from_env({"MMC_COLD_START_WAIT_SECONDS": "2.5"})
+    app = create_app(FakeSource(desired(1, route(), versions[0])), replica="t9",
+                     settings=settings)
+    assert app.dataplane.cold_start_wait_s == 2.5
+    assert ServingSettings.from_env({}).cold_start_wait_seconds == 30.0
