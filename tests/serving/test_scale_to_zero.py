@@ -169,3 +169,20 @@ def test_the_cold_start_wait_comes_from_the_environment(versions):
                      settings=settings)
     assert app.dataplane.cold_start_wait_s == 2.5
     assert ServingSettings.from_env({}).cold_start_wait_seconds == 30.0
+
+
+def test_a_model_repository_folder_sets_it_in_config_json(tmp_path):
+    import json
+
+    from registry.signatures import read_signature
+    from serving.sources import RepositorySource
+
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.onnx").write_bytes(samples.mlp())
+    config = tmp_path / "m" / "config.json"
+    config.write_text(json.dumps({"scale_to_zero_after_seconds": 90}))
+    source = RepositorySource(tmp_path, read_signature=read_signature)
+    assert source.fetch().routes["m"].scale_to_zero_after_s == 90
+    config.write_text(json.dumps({"scale_to_zero_after_seconds": -1}))
+    with pytest.raises(ValueError, match="scale_to_zero_after_seconds must be 0"):
+        RepositorySource(tmp_path, read_signature=read_signature).fetch()
