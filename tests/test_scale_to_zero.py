@@ -133,7 +133,8 @@ def test_a_canary_started_during_a_cold_start_fails_no_request(engineer, ready_m
     ready_model("race", samples.mlp(hidden=(16,), n_out=OUT, seed=2))  # same signature
     services.endpoint_deploy(model_name="race", version_number=1, actor=SYSTEM)
     services.scale_to_zero_set(model_name="race", seconds=1, actor=SYSTEM)
-    with replicas(1, embedded=not CLUSTERED, log_dir=tmp_path) as (rep,):
+    # polling often, the replica picks the canary up while version 1 is still loading
+    with replicas(1, embedded=not CLUSTERED, log_dir=tmp_path, MMC_POLL_SECONDS="0.1") as (rep,):
         wait_until(lambda: version_state(rep.name, "race:1").get("state") == "SCALED_TO_ZERO",
                    timeout=60, what="race:1 scaled to zero")
 
