@@ -30,6 +30,7 @@ SIMPLE = {
     "apikey.create": "created a predict key for {model}",
     "apikey.revoke": "revoked a predict key of {model}",
     "limits.set": "changed the rate limits of {model}",
+    "endpoint.scale_to_zero": "changed when {model} scales to zero",
     "webhook.create": "created webhook {target}", "webhook.update": "changed webhook {target}",
     "webhook.delete": "deleted webhook {target}", "webhook.test": "sent a test to webhook {target}",
     "dataset.upload": "uploaded dataset {target}", "job.cancel": "cancelled job {short}",

@@ -250,6 +250,18 @@ class LimitsForm(forms.Form):
             "daily_quota": row.daily_quota if row else 0})
 
 
+class ScaleToZeroForm(forms.Form):
+    """An endpoint's idle timeout; the scaling service checks the range."""
+
+    after_seconds = forms.IntegerField(label="Scale to zero after (s)", help_text=(
+        "idle seconds before replicas unload the versions; 0: never"))
+
+    @classmethod
+    def of(cls, endpoint) -> ScaleToZeroForm:
+        return cls(auto_id="stz-%s", initial={
+            "after_seconds": endpoint.scale_to_zero_after_seconds if endpoint else 0})
+
+
 class LoadTestForm(forms.Form):
     """A load test of the version page's version; the service checks bounds and the rules."""
 

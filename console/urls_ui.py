@@ -58,6 +58,7 @@ urlpatterns = [
     path(f"{M}/deployment/keys/<str:prefix>/revoke/", keys.key_revoke, name="key-revoke"),
     path(f"{M}/deployment/keys/<str:prefix>/limits/", keys.limits_update, name="key-limits"),
     path(f"{M}/deployment/limits/", keys.limits_update, name="limits"),
+    path(f"{M}/deployment/scale-to-zero/", keys.scale_to_zero_update, name="scale-to-zero"),
     path(f"{M}/deployment/<str:op>/", deployment.deployment_action, name="deployment-action"),
     path("jobs/", jobs.job_list, name="job-list"),
     path("jobs/<uuid:job_id>/", jobs.job_detail, name="job-detail"),

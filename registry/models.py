@@ -191,6 +191,9 @@ class Endpoint(RateLimits):
     rollout_state = models.JSONField(default=dict, blank=True)
     revision = models.BigIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
+    # Scale to zero: replicas unload the endpoint's versions after this many seconds without a
+    # request and load them again on the next one (a cold start); 0 = always loaded.
+    scale_to_zero_after_seconds = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [

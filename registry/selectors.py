@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -26,6 +26,7 @@ from registry.models import (
     VersionStatus,
 )
 from serving.ratelimit import PROCESS_STORE, quota_key, quota_store, utc_day
+from serving.routes import SCALED_TO_ZERO
 
 log = logging.getLogger(__name__)
 
@@ -261,3 +262,38 @@ def loadtest_latest_per_version(model: RegisteredModel, *, exclude: ModelVersion
     for job in qs[:500]:
         latest.setdefault(job.version.number, job)
     return list(latest.values())
+
+
+@dataclass(frozen=True)
+class ColdStarts:
+    """Scale to zero of one version, from the live replicas' heartbeats: cold starts counted
+    (all replicas), the latest one's seconds and end, and the replicas it is scaled to zero on."""
+
+    version: int
+    count: int
+    last_seconds: float | None
+    last_at: datetime | None
+    scaled_to_zero_on: list[str]
+
+
+def cold_starts(model_name: str) -> list[ColdStarts]:
+    """Per version of the model that a live replica reports, newest version first."""
+    prefix = f"{model_name}:"
+    seen: dict[int, dict] = {}
+    for r in replicas():
+        for key, state in (r.versions or {}).items():
+            if not key.startswith(prefix) or not key[len(prefix):].isdigit():
+                continue
+            row = seen.setdefault(int(key[len(prefix):]), {"count": 0, "last": None, "at": None,
+                                                           "asleep": []})
+            stats = state.get("stats") or {}
+            row["count"] += stats.get("cold_starts") or 0
+            at = stats.get("cold_start_at")
+            if at and (row["at"] is None or at > row["at"]):
+                row["at"], row["last"] = at, stats.get("cold_start_last_s")
+            if state.get("state") == SCALED_TO_ZERO:
+                row["asleep"].append(r.replica)
+    return [ColdStarts(version=v, count=row["count"], last_seconds=row["last"],
+                       last_at=datetime.fromtimestamp(row["at"], tz=UTC) if row["at"] else None,
+                       scaled_to_zero_on=sorted(row["asleep"]))
+            for v, row in sorted(seen.items(), reverse=True)]

@@ -124,7 +124,8 @@ def build_desired_state() -> DesiredState:
     for ep in endpoints:
         ready = routings[ep.pk].map(versions.get)  # a version not (or no longer) ready drops out
         route = model_route(ep.model.name, ready, keys.get(ep.pk, {}),
-                            keys_required=settings.REQUIRE_PREDICT_KEYS, limits=ep.limits)
+                            keys_required=settings.REQUIRE_PREDICT_KEYS, limits=ep.limits,
+                            scale_to_zero_after_s=ep.scale_to_zero_after_seconds)
         if not route.versions():
             continue
         routes[route.model] = route
@@ -145,7 +146,8 @@ def _with_tests(routing: Routing[int], testing: set[int] | None) -> Routing[int]
 
 
 def model_route(model: str, routing: Routing[ModelVersion], keys: dict[str, PredictKey], *,
-                keys_required: bool = False, limits: Limits = NO_LIMITS) -> ModelRoute:
+                keys_required: bool = False, limits: Limits = NO_LIMITS,
+                scale_to_zero_after_s: float = 0) -> ModelRoute:
     """The data plane's route for one model: the one place registry routing meets serving's.
     `keys`: the active predict keys by hash, each with its label (prefix) and limits."""
     ref = routing.map(lambda v: str(v.number))
@@ -154,7 +156,7 @@ def model_route(model: str, routing: Routing[ModelVersion], keys: dict[str, Pred
         candidate_weight=ref.candidate_weight if ref.candidate else 0,
         blue=ref.blue, green=ref.green, live_color=ref.live_color or None, shadow=ref.shadow,
         warm=ref.warm, api_key_hashes=frozenset(keys), keys_required=keys_required,
-        limits=limits, keys=dict(keys))
+        limits=limits, keys=dict(keys), scale_to_zero_after_s=scale_to_zero_after_s)
 
 
 class RegistrySource:

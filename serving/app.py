@@ -78,6 +78,9 @@ class ServingSettings:
     # the gRPC front (serving.grpc_front) beside HTTP, in the same loop; None: off
     grpc_port: int | None = None
     grpc_host: str = "127.0.0.1"
+    # Scale to zero: how long a request waits for its scaled-to-zero model to load before a
+    # 503 with Retry-After (MMC_COLD_START_WAIT_SECONDS)
+    cold_start_wait_seconds: float = 30.0
 
     @classmethod
     def from_env(cls, env: dict | None = None) -> ServingSettings:
@@ -98,6 +101,8 @@ class ServingSettings:
                                      or cls.quota_sync_seconds),
             grpc_port=int(e["MMC_GRPC_PORT"]) if e.get("MMC_GRPC_PORT") else None,
             grpc_host=e.get("MMC_GRPC_HOST") or cls.grpc_host,
+            cold_start_wait_seconds=float(e.get("MMC_COLD_START_WAIT_SECONDS")
+                                          or cls.cold_start_wait_seconds),
         )
 
 
@@ -486,5 +491,6 @@ def create_app(source: DesiredStateSource, *, replica: str,
     reconciler = Reconciler(
         source, dataplane, poll_seconds=settings.poll_seconds,
         heartbeat_seconds=settings.heartbeat_seconds,
-        intra_op_threads=settings.intra_op_threads, providers=settings.providers)
+        intra_op_threads=settings.intra_op_threads, providers=settings.providers,
+        cold_start_wait_seconds=settings.cold_start_wait_seconds)
     return ServingApp(dataplane, reconciler, settings)

@@ -14,7 +14,7 @@ import logging
 import math
 import re
 from dataclasses import dataclass, field
-from time import perf_counter_ns
+from time import monotonic, perf_counter_ns
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,7 @@ from serving.ratelimit import Admission
 from serving.response_cache import DEFAULT_RESPONSE_CACHE_BYTES, ResponseCache, request_key
 from serving.routes import (
     DEFAULT_MAX_OUTPUT_BYTES,
+    SCALED_TO_ZERO,
     DesiredStateSource,
     ModelRoute,
     VersionSpec,
@@ -126,9 +127,13 @@ class RouteTable:
         missing = []
         for name, route in self.routes.items():
             for v in route.serving_versions():
-                if (name, v) not in self.loaded:
+                if (name, v) not in self.loaded and not self.asleep(name, v):
                     missing.append(f"{name}:{v}")
         return missing
+
+    def asleep(self, model: str, version: str | None) -> bool:
+        """Whether the version is scaled to zero here: routed, unloaded, woken by a request."""
+        return self.status.get((model, version), ("",))[0] == SCALED_TO_ZERO
 
 
 EMPTY_TABLE = RouteTable(revision=-1, routes={}, loaded={})
@@ -155,6 +160,15 @@ class DataPlane:
         self.source: DesiredStateSource | None = None  # set by the reconciler
         self.on_repository_change = None  # async callable: reconcile now
         self.loading: dict[tuple[str, str], Any] = {}  # versions being loaded right now
+        # Scale to zero (set by the reconciler): the VersionStats of versions scaled to zero,
+        # an async callable that loads a model's scaled-to-zero versions, and how long a
+        # request waits for that before a 503 with Retry-After.
+        self.asleep: dict[tuple[str, str], VersionStats] = {}
+        self.wake = None
+        self.cold_start_wait_s = 30.0
+        # model -> [requests in flight, monotonic time of the last start or end]: when the
+        # model was last used, for the idle timeout.
+        self.activity: dict[str, list] = {}
         self._background: set[asyncio.Task] = set()
 
     # -- health ------------------------------------------------------------------------------
@@ -210,6 +224,9 @@ class DataPlane:
         state = table.status.get((model, version))
         if state is None:
             raise ModelNotFound(f"unknown version '{version}' of model '{model}'")
+        if state[0] == SCALED_TO_ZERO:
+            raise ModelNotReady(f"model '{model}' version '{version}' is scaled to zero on this "
+                                "replica: an inference request loads it", retry_after=1)
         reason = f": {state[1]}" if state[1] else ""
         raise ModelNotReady(f"model '{model}' version '{version}' is {state[0]}{reason}",
                             retry_after=1)
@@ -281,16 +298,31 @@ class DataPlane:
             raise self.unknown_model(model)
         key_hash = _authorize(route, api_key) if route.protected else None
         self.admission.admit(model, route.limits, route.key(key_hash))
-        if version is None:
+        activity = self.activity.get(model)
+        if activity is None:
+            activity = self.activity[model] = [0, monotonic()]
+        activity[0] += 1
+        activity[1] = monotonic()
+        try:
+            return await self._infer(model, version, request, table, route, routing_key)
+        finally:
+            activity[0] -= 1
+            activity[1] = monotonic()
+
+    async def _infer(self, model: str, version: str | None, request: InferRequest,
+                     table: RouteTable, route: ModelRoute, routing_key: str | None,
+                     ) -> tuple[bytes, dict[str, str], LoadedVersion]:
+        pinned = version is not None
+        if not pinned:
             version = route.pick(routing_key)
-            lv = table.loaded.get((model, version)) if version is not None else None
-            if lv is None:
+        lv = table.loaded.get((model, version)) if version is not None else None
+        if lv is None and table.asleep(model, version):
+            lv, route = await self._cold_start(model, version if pinned else None, routing_key)
+        if lv is None:
+            if not pinned:
                 raise ModelNotReady(f"model '{model}' has no ready version serving traffic",
                                     retry_after=1)
-        else:
-            lv = table.loaded.get((model, version))
-            if lv is None:
-                self.resolve(model, version)  # raises the right 404 / 503
+            self.resolve(model, version)  # raises the right 404 / 503
         try:
             feeds = validate_inputs(request.inputs, lv.signature, lv.max_batch_size)
             if request.outputs:
@@ -306,6 +338,34 @@ class DataPlane:
         if route.shadow is not None and route.shadow != lv.version:
             self._spawn(self._shadow(model, route.shadow, feeds, outputs))
         return outputs, lv
+
+    async def _cold_start(self, model: str, pinned: str | None, routing_key: str | None,
+                          ) -> tuple[LoadedVersion | None, ModelRoute]:
+        """Wake a scaled-to-zero model and wait (at most cold_start_wait_s) until the version
+        this request gets is loaded. Concurrent requests share one load; a new route table
+        arriving meanwhile (a rollout) is followed: the request is picked again from it."""
+        deadline = monotonic() + self.cold_start_wait_s
+        while True:
+            if self.wake is None:
+                raise ModelNotReady(f"model '{model}' is scaled to zero and this replica "
+                                    "cannot load it now", retry_after=1)
+            load = self.wake(model)  # started (or joined) even by a request that will give up
+            try:
+                # shielded: a request that gives up does not cancel the load others wait for
+                await asyncio.wait_for(asyncio.shield(load), max(deadline - monotonic(), 0))
+            except TimeoutError:
+                raise ModelNotReady(
+                    f"model '{model}' is starting from zero on this replica (cold start); "
+                    "retry shortly",
+                    retry_after=max(1, math.ceil(self.cold_start_wait_s / 10))) from None
+            table = self.table
+            route = table.routes.get(model)
+            if route is None:
+                raise self.unknown_model(model)
+            version = pinned if pinned is not None else route.pick(routing_key)
+            lv = table.loaded.get((model, version)) if version is not None else None
+            if lv is not None or not table.asleep(model, version):
+                return lv, route
 
     async def _run(self, model: str, lv: LoadedVersion, feeds: dict) -> dict[str, np.ndarray]:
         """One request's outputs from the version's batcher, within the version's output
@@ -423,7 +483,9 @@ class DataPlane:
         return answer
 
     def all_stats(self) -> list[VersionStats]:
-        return [lv.stats for lv in self.table.loaded.values()]
+        """Every loaded version's statistics, and those of versions scaled to zero (kept, so
+        counters run on across a sleep)."""
+        return [lv.stats for lv in self.table.loaded.values()] + list(self.asleep.values())
 
     def repository_index(self, ready_only: bool = False) -> list[dict]:
         if not self.started:  # an empty index would say "no models", which is not known yet
@@ -440,6 +502,8 @@ class DataPlane:
                                   "reason": "loading"})
             elif not ready_only:
                 state, reason = table.status[(model, version)]
+                if state == SCALED_TO_ZERO:
+                    reason = "scaled to zero: an inference request loads it"
                 index.append({"name": model, "version": version,
                               "state": "LOADING" if state == "LOADING" else "UNAVAILABLE",
                               "reason": reason or state})

@@ -13,13 +13,22 @@ import dataclasses
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
+from time import monotonic
 
 from serving.batching import DynamicBatcher
 from serving.dataplane import DataPlane, LoadedVersion, RouteTable
 from serving.hashing import file_sha256
 from serving.pipeline import PipelineBatcher, PipelineRuntime
-from serving.routes import DesiredState, DesiredStateSource, ModelRoute, ObservedState, VersionSpec
+from serving.routes import (
+    SCALED_TO_ZERO,
+    DesiredState,
+    DesiredStateSource,
+    ModelRoute,
+    ObservedState,
+    VersionSpec,
+)
 from serving.runtime import TENSORRT, OnnxRuntime, select_providers
+from serving.scaling import ScaleToZero, release_free_memory
 from serving.signature import batch_dimension
 from serving.stats import VersionStats
 from serving.trt_cache import engine_dir
@@ -37,8 +46,10 @@ class FetchFailed(Exception):
 
 
 def load_version(spec: VersionSpec, *, intra_op_threads: int = 0,
-                 providers: list[str] | None = None) -> LoadedVersion:
-    """Verify, load and warm one version (blocking; call from a worker thread)."""
+                 providers: list[str] | None = None,
+                 stats: VersionStats | None = None) -> LoadedVersion:
+    """Verify, load and warm one version (blocking; call from a worker thread). `stats`: the
+    counters it had before it was scaled to zero, to go on with."""
     if spec.signature.get("error"):
         raise LoadFailed(spec.signature["error"])
     if not os.path.isfile(spec.artifact_path):
@@ -74,7 +85,7 @@ def load_version(spec: VersionSpec, *, intra_op_threads: int = 0,
     except Exception as exc:  # noqa: BLE001
         runtime.unload()
         raise LoadFailed(f"warm-up failed: {exc}") from None
-    stats = VersionStats(spec.model, spec.version)
+    stats = stats or VersionStats(spec.model, spec.version)
     batcher = DynamicBatcher(runtime.predict, config, stats)
     return LoadedVersion(spec=spec, runtime=runtime, batcher=batcher, stats=stats,
                          max_batch_size=config.max_batch_size)
@@ -91,13 +102,15 @@ def load_pipeline(spec: VersionSpec, dataplane: DataPlane) -> LoadedVersion:
                          stats=stats, max_batch_size=spec.batching.max_batch_size)
 
 
-class Reconciler:
-    """Keeps a DataPlane's route table following one source."""
+class Reconciler(ScaleToZero):
+    """Keeps a DataPlane's route table following one source (and, per route, scales idle
+    models to zero: serving.scaling)."""
 
     def __init__(
         self, source: DesiredStateSource, dataplane: DataPlane, *, poll_seconds: float = 1.0,
         heartbeat_seconds: float = 2.0, intra_op_threads: int = 0,
         providers: list[str] | None = None, load_workers: int = 2,
+        idle_check_seconds: float = 0.5, cold_start_wait_seconds: float = 30.0,
     ) -> None:
         self.source = source
         self.dataplane = dataplane
@@ -118,9 +131,17 @@ class Reconciler:
         self._unfetched: dict[tuple[str, str], str] = {}  # artifact fetch failed: retrying
         self._seen_revision: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Scale to zero: versions unloaded for want of requests (key -> spec; their stats are
+        # in dataplane.asleep), and the one load per model that requests wait for.
+        self.idle_check_seconds = idle_check_seconds
+        self._asleep: dict[tuple[str, str], VersionSpec] = {}
+        self._waking: dict[str, asyncio.Task] = {}
+        self._background: set[asyncio.Task] = set()
         dataplane.source = source
         dataplane.on_repository_change = self.reconcile
         dataplane.loading = self._loading
+        dataplane.wake = self.wake
+        dataplane.cold_start_wait_s = cold_start_wait_seconds
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -133,7 +154,8 @@ class Reconciler:
         except Exception as exc:  # noqa: BLE001 - polling still works without push
             log.warning("could not subscribe to route revisions: %s", exc)
         self._tasks = [asyncio.create_task(self._poll_loop()),
-                       asyncio.create_task(self._heartbeat_loop())]
+                       asyncio.create_task(self._heartbeat_loop()),
+                       asyncio.create_task(self._idle_loop())]
 
     async def stop(self, *, leave_seconds: float = 5.0) -> None:
         """Stop the loops, release every session, then leave the source: the last word, so no
@@ -210,7 +232,10 @@ class Reconciler:
     async def _apply(self, desired: DesiredState) -> None:
         """Load what is missing, build the new table, swap it in, retire what it no longer uses."""
         old = self.dataplane.table
+        self._follow_asleep(desired)
         fresh = await self._load_missing(desired, old)
+        for key in set(self.dataplane.asleep) - set(self._asleep):
+            del self.dataplane.asleep[key]  # loaded again (or failed): counted there now
         loaded = self._keep_loaded(desired, fresh, old)
         self._hold_back_pipelines(desired, loaded)
         routes = self._build_routes(desired, loaded, old)
@@ -218,6 +243,24 @@ class Reconciler:
         self.dataplane.table = RouteTable(desired.revision, routes, loaded, status)  # the swap
         self.dataplane.started = True
         self._retire_unused(old, loaded)
+        now = monotonic()
+        for model in {key[0] for key in fresh}:  # just loaded: the idle clock starts again
+            self.dataplane.activity.setdefault(model, [0, now])[1] = now
+
+    def _follow_asleep(self, desired: DesiredState) -> None:
+        """A scaled-to-zero version stays asleep while its route still scales to zero (with its
+        newest spec); one no longer desired is forgotten, one whose route stopped scaling to
+        zero is loaded by this reconcile (its counters go on)."""
+        for key in list(self._asleep):
+            spec = desired.versions.get(key)
+            route = desired.routes.get(key[0])
+            if spec is None or route is None:
+                del self._asleep[key]
+                self.dataplane.asleep.pop(key, None)
+            elif route.scale_to_zero_after_s > 0:
+                self._asleep[key] = spec
+            else:
+                del self._asleep[key]  # loaded below, with the stats kept in dataplane.asleep
 
     async def _load_missing(self, desired: DesiredState,
                             old: RouteTable) -> dict[tuple[str, str], LoadedVersion]:
@@ -225,6 +268,8 @@ class Reconciler:
         settings; a failure is remembered so the same spec is not retried every poll."""
         to_load = []
         for key, spec in desired.versions.items():
+            if key in self._asleep:
+                continue
             have = old.loaded.get(key)
             if have is not None and have.spec == spec:
                 continue
@@ -257,6 +302,7 @@ class Reconciler:
             return spec, load_pipeline(spec, self.dataplane)
         self._loading[spec.key] = spec
         fetch = getattr(self.source, "fetch_artifact", None)
+        stats = self.dataplane.asleep.get(spec.key)  # scaled to zero: its counters go on
 
         def fetch_and_load() -> LoadedVersion:
             if fetch is not None:
@@ -268,7 +314,7 @@ class Reconciler:
                     raise FetchFailed(f"could not fetch the artifact: {type(exc).__name__}: "
                                       f"{exc}") from None
             return load_version(spec, intra_op_threads=self.intra_op_threads,
-                                providers=self.providers)
+                                providers=self.providers, stats=stats)
 
         try:
             return spec, await asyncio.get_running_loop().run_in_executor(
@@ -315,8 +361,12 @@ class Reconciler:
                       old: RouteTable) -> dict[str, ModelRoute]:
         """Every desired route, made routable; a kept old route keeps its versions in `loaded`."""
         routes: dict[str, ModelRoute] = {}
+        # a scaled-to-zero version counts as routable: a request wakes it
+        available = set(loaded) | set(self._asleep)
+        before = set(old.loaded) | {k for k, (state, _) in old.status.items()
+                                    if state == SCALED_TO_ZERO and k in self._asleep}
         for name, route in desired.routes.items():
-            routes[name] = self._routable(route, loaded, old, name)
+            routes[name] = self._routable(route, available, old, name, before)
             for v in routes[name].versions():
                 if (name, v) not in loaded and (name, v) in old.loaded:
                     loaded[(name, v)] = old.loaded[(name, v)]
@@ -330,6 +380,8 @@ class Reconciler:
         for key in desired.versions:
             if key in loaded:
                 status[key] = ("READY", None)
+            elif key in self._asleep:
+                status[key] = (SCALED_TO_ZERO, None)
             elif key in self._failed:
                 status[key] = ("FAILED", self._failed[key][1])
             elif key in self._waiting:
@@ -355,14 +407,16 @@ class Reconciler:
                 task.add_done_callback(self._draining.discard)
 
     @staticmethod
-    def _routable(route: ModelRoute, loaded: dict, old: RouteTable, name: str) -> ModelRoute:
-        """Never route to a version that is not loaded: keep the previous route if it still
-        works, else drop the failed side (a failed candidate gets no traffic)."""
+    def _routable(route: ModelRoute, loaded: set, old: RouteTable, name: str,
+                  before: set) -> ModelRoute:
+        """Never route to a version that is not loaded (or scaled to zero): keep the previous
+        route if it still works, else drop the failed side (a failed candidate gets no
+        traffic). `loaded` / `before`: the keys servable in the new / the old table."""
         if all((name, v) in loaded for v in route.serving_versions()):
             return route
         previous = old.routes.get(name)
         if previous is not None and all(
-                (name, v) in old.loaded for v in previous.serving_versions()
+                (name, v) in before for v in previous.serving_versions()
         ) and previous.serving_versions():
             return previous
         changes: dict = {}
@@ -370,13 +424,21 @@ class Reconciler:
             changes.update(candidate=None, candidate_weight=0)
         return dataclasses.replace(route, **changes) if changes else route
 
-    async def _retire(self, lv: LoadedVersion) -> None:
-        """Let in-flight requests finish, then release the session."""
+    async def _retire(self, lv: LoadedVersion, *, trim: bool = False) -> None:
+        """Let in-flight requests finish, then release the session; `trim`: then hand the
+        freed heap back to the system (scale to zero is about that memory)."""
         try:
             await lv.batcher.drain()
         finally:
             lv.batcher.close()
             lv.runtime.unload()
+            if trim:
+                release_free_memory()
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # -- observed state ----------------------------------------------------------------------
 
@@ -411,6 +473,10 @@ class Reconciler:
         for (model, version) in self._loading:
             versions.setdefault(f"{model}:{version}", {
                 "state": "LOADING", "reason": None, "providers": [], "queue_depth": 0})
+        for (model, version), stats in list(self.dataplane.asleep.items()):
+            versions.setdefault(f"{model}:{version}", {
+                "state": SCALED_TO_ZERO, "reason": None, "providers": [], "queue_depth": 0,
+                "stats": stats.snapshot()})
         return ObservedState(replica=self.dataplane.replica, revision=table.revision,
                              versions=versions, degraded=self.dataplane.degraded)
 
@@ -419,3 +485,4 @@ class Reconciler:
             await self._call(self.source.report, self.observed())
         except Exception as exc:  # noqa: BLE001
             self._set_degraded(f"cannot report to route source: {type(exc).__name__}: {exc}")
+

@@ -20,6 +20,11 @@ from serving.ratelimit import NO_LIMITS, Limits, PredictKey
 DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024 * 1024
 
 
+#: A version's observed state while its model is scaled to zero on a replica: routed to, not
+#: loaded; the next request loads it (a cold start). Healthy, never a failure.
+SCALED_TO_ZERO = "SCALED_TO_ZERO"
+
+
 def api_key_hash(raw: str) -> str:
     """How a predict key is stored by the registry and checked by replicas: one definition, so
     the two planes can never disagree."""
@@ -94,6 +99,9 @@ class ModelRoute:
     # and limits by its hash (a hash missing here is a key without limits).
     limits: Limits = NO_LIMITS
     keys: dict[str, PredictKey] = field(default_factory=dict, hash=False)
+    # Scale to zero: after this many seconds with no request (and none in flight) a replica
+    # unloads the model's versions and reloads them on the next request; 0 = never.
+    scale_to_zero_after_s: float = 0
 
     def key(self, key_hash: str | None) -> PredictKey | None:
         """The key behind an accepted hash (None: the endpoint is open, no key was needed)."""
@@ -169,8 +177,8 @@ class ObservedState:
 
     replica: str
     revision: int
-    # "model:version" -> {"state": READY|LOADING|FAILED, "reason", "providers", "queue_depth",
-    # "stats": VersionStats.snapshot(), "shadow": ShadowStats of a shadow version}
+    # "model:version" -> {"state": READY|LOADING|FAILED|SCALED_TO_ZERO, "reason", "providers",
+    # "queue_depth", "stats": VersionStats.snapshot(), "shadow": ShadowStats of a shadow version}
     versions: dict[str, dict]
     degraded: str | None = None
 

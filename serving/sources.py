@@ -10,7 +10,8 @@ replica's response cache, $MMC_RESPONSE_CACHE_BYTES), trt_precision (fp32|fp16; 
 under $MMC_TRT_CACHE_DIR or <root>/.trt-cache), stable (default: the highest version),
 candidate + candidate_weight, shadow, api_key_sha256 (list of hex digests), limits ({rps, burst,
 daily_quota}: the endpoint's, serving.ratelimit), api_keys (list of {sha256, label, rps, burst,
-daily_quota}: keys with a label and limits of their own). Every version found
+daily_quota}: keys with a label and limits of their own), scale_to_zero_after_seconds (unload
+the model after that long without a request, reload on the next; 0: never). Every version found
 is loaded (pinnable); unpinned traffic goes to the stable (and candidate). Load/unload through
 the v2 repository API is not offered: edit the folder (or use the registry).
 """
@@ -48,6 +49,14 @@ def _flag(config: dict, key: str, model: str) -> bool:
 
 def _version_order(name: str) -> tuple[int, int | str]:
     return (0, int(name)) if name.isdigit() else (1, name)
+
+
+def _idle_seconds(config: dict, model_dir: Path) -> float:
+    value = config.get("scale_to_zero_after_seconds", 0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"{model_dir}/config.json: scale_to_zero_after_seconds must be 0 "
+                         f"(never) or more seconds, got {value!r}")
+    return float(value)
 
 
 def _limits(doc: dict, model_dir: Path) -> Limits:
@@ -135,6 +144,7 @@ class RepositorySource(ReadOnlySource):
                 api_key_hashes=frozenset(config.get("api_key_sha256", ())) | frozenset(keys),
                 limits=_limits(config.get("limits") or {}, model_dir),
                 keys=keys,
+                scale_to_zero_after_s=_idle_seconds(config, model_dir),
             )
         return DesiredState(revision=revision, routes=routes, versions=versions)
 

@@ -87,6 +87,7 @@ class VersionStats:
         "compute_output_count", "compute_output_ns", "inference_count", "execution_count",
         "batch_stats", "pending", "latency_counts", "latency_sum_ns", "since",
         "cached", "cache_hit_count", "cache_hit_ns", "cache_miss_count", "cache_miss_ns",
+        "cold_starts", "cold_start_sum_s", "cold_start_last_s", "cold_start_at",
     )
 
     def __init__(self, model: str, version: str) -> None:
@@ -112,6 +113,13 @@ class VersionStats:
         self.cached = False
         self.cache_hit_count = self.cache_hit_ns = 0
         self.cache_miss_count = self.cache_miss_ns = 0
+        # Scale to zero: loads a request waited for, their total and the latest (seconds), and
+        # when that one finished (unix seconds). The object outlives the unload, so these and
+        # the request counters above keep counting across a sleep.
+        self.cold_starts = 0
+        self.cold_start_sum_s = 0.0
+        self.cold_start_last_s: float | None = None
+        self.cold_start_at: float | None = None
 
     # -- recording (hot path) -------------------------------------------------------------
 
@@ -163,6 +171,14 @@ class VersionStats:
         self.fail_count += 1
         self.fail_ns += duration_ns
 
+    def record_cold_start(self, seconds: float) -> None:
+        """A scaled-to-zero version loaded again because a request asked for it: from the first
+        request's arrival until the version could answer."""
+        self.cold_starts += 1
+        self.cold_start_sum_s += seconds
+        self.cold_start_last_s = seconds
+        self.cold_start_at = time.time()
+
     # -- reading ---------------------------------------------------------------------------
 
     def quantile(self, q: float) -> float | None:
@@ -190,6 +206,9 @@ class VersionStats:
             "latency_buckets": list(self.latency_counts),
             "cache_hits": self.cache_hit_count,
             "cache_misses": self.cache_miss_count,
+            "cold_starts": self.cold_starts,
+            "cold_start_last_s": self.cold_start_last_s,
+            "cold_start_at": self.cold_start_at,
         }
 
     def to_triton(self) -> dict:
@@ -312,10 +331,25 @@ class ServingCollector:
                 running += c
                 cumulative.append((le, running))
             hist.add_metric(values, cumulative, s.latency_sum_ns / 1e9)
+        cold = Metric("mmc_cold_starts", "Loads of a scaled-to-zero version that a request "
+                      "waited for", "counter")
+        cold_seconds = Metric("mmc_cold_start_seconds", "Seconds requests waited for "
+                              "scaled-to-zero versions to load, in total", "counter")
+        cold_last = GaugeMetricFamily("mmc_cold_start_last_seconds",
+                                      "Duration of the latest cold start", labels=_LABELS)
+        for s in all_stats:
+            labels = {"model": s.model, "version": s.version, "replica": self.replica}
+            cold.add_sample("mmc_cold_starts_total", labels, float(s.cold_starts))
+            cold_seconds.add_sample("mmc_cold_start_seconds_total", labels, s.cold_start_sum_s)
+            if s.cold_start_last_s is not None:
+                cold_last.add_metric([s.model, s.version, self.replica], s.cold_start_last_s)
         yield from counters.values()
         yield from (m for m in cache_counters.values() if m.samples)
         yield pending
         yield hist
+        yield cold
+        yield cold_seconds
+        yield cold_last
 
 
 class _Only:

@@ -33,6 +33,7 @@ from ..forms import (
     PredictKeyForm,
     ReasonForm,
     RollbackForm,
+    ScaleToZeroForm,
     ShadowStartForm,
     WeightForm,
     error_text,
@@ -281,6 +282,7 @@ def replica_rows(model_name: str, revision: int) -> tuple[list[dict], dict]:
         for key, state in sorted((r.versions or {}).items()):
             if key.startswith(prefix):
                 versions.append({"version": key[len(prefix):], "state": state.get("state"),
+                                 "label": (state.get("state") or "").lower().replace("_", " "),
                                  "reason": state.get("reason"),
                                  "queue_depth": state.get("queue_depth"),
                                  "providers": state.get("providers") or []})
@@ -382,7 +384,9 @@ def render_deployment(request: HttpRequest, name: str, *, new_key: dict | None =
     context.update(controls_context(request, model, ep), nav="models",
                    access=access, new_key=new_key,
                    key_form=key_form or PredictKeyForm(auto_id="key-%s"),
-                   limits_form=LimitsForm.of(ep, "limits"))
+                   limits_form=LimitsForm.of(ep, "limits"),
+                   scale_form=ScaleToZeroForm.of(ep),
+                   cold_starts=selectors.cold_starts(model.name))
     try:
         picked = chart_range(request)
     except ChartRangeError as e:

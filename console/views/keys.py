@@ -1,6 +1,7 @@
 """Predict keys of one endpoint, on its deployment page: create (shown once) and revoke, through
 the same services as the API's /endpoint/keys/; and the rate limits and daily quotas of the
-endpoint and of each key (the API's /endpoint/limits/ and /endpoint/keys/<prefix>/limits/)."""
+endpoint and of each key (the API's /endpoint/limits/ and /endpoint/keys/<prefix>/limits/); and
+when the endpoint scales to zero (the API's /endpoint/scale-to-zero/)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from django.views.decorators.http import require_POST
 
 from registry.services import access
 from registry.services.limits import limits_set
+from registry.services.scaling import scale_to_zero_set
 
-from ..forms import LimitsForm, PredictKeyForm
+from ..forms import LimitsForm, PredictKeyForm, ScaleToZeroForm
 from .access import requires, run_service
 from .deployment import render_deployment
 
@@ -61,3 +63,23 @@ def limits_update(request: HttpRequest, name: str, prefix: str | None = None) ->
         return render_deployment(request, name, status=400)
     anchor = f"#key-{prefix}" if prefix else "#limits"
     return redirect(reverse("console:deployment", kwargs={"name": name}) + anchor)
+
+
+@require_POST
+@requires(write="engineer")
+def scale_to_zero_update(request: HttpRequest, name: str) -> HttpResponse:
+    """Set the endpoint's idle timeout (scale to zero); a refusal re-renders the page (400)."""
+    form = ScaleToZeroForm(request.POST)
+    if not form.is_valid():
+        for field, errors in form.errors.items():
+            messages.error(request, f"Scale to zero: {form.fields[field].label}: "
+                                    f"{' '.join(errors)}")
+        return render_deployment(request, name, status=400)
+    seconds = form.cleaned_data["after_seconds"]
+    done = run_service(request, scale_to_zero_set, model_name=name, seconds=seconds,
+                       success=(f"Replicas unload {name} after {seconds} s without a request, "
+                                "from the next route revision." if seconds else
+                                f"{name} no longer scales to zero: replicas load it again."))
+    if done is None:
+        return render_deployment(request, name, status=400)
+    return redirect(reverse("console:deployment", kwargs={"name": name}) + "#scale-to-zero")

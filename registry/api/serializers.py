@@ -255,6 +255,32 @@ class LimitsSetSerializer(serializers.Serializer):
                                    max_length=500)
 
 
+class ColdStartSerializer(serializers.Serializer):
+    version = serializers.IntegerField()
+    count = serializers.IntegerField(help_text="cold starts on the live replicas, in total")
+    last_seconds = serializers.FloatField(allow_null=True, help_text=(
+        "how long the latest cold start kept its first request waiting"))
+    last_at = serializers.DateTimeField(allow_null=True, help_text="when it finished")
+    scaled_to_zero_on = serializers.ListField(child=serializers.CharField(), help_text=(
+        "live replicas that have the version unloaded right now"))
+
+
+class ScaleToZeroSerializer(serializers.Serializer):
+    """When an endpoint scales to zero, and its cold starts so far."""
+
+    after_seconds = serializers.IntegerField(help_text=(
+        "idle seconds after which replicas unload the endpoint's versions; 0: never"))
+    cold_starts = ColdStartSerializer(many=True, help_text=(
+        "per version, from the live replicas' heartbeats"))
+
+
+class ScaleToZeroSetSerializer(serializers.Serializer):
+    after_seconds = serializers.IntegerField(help_text=(
+        "whole seconds, 1 to 604800 (a week); 0: never scale to zero"))
+    reason = serializers.CharField(required=False, allow_blank=True, default="",
+                                   max_length=500)
+
+
 class EndpointSerializer(serializers.Serializer):
     """An endpoint's routing (registry.routing.Routing) with version numbers. A model that was
     never deployed answers the same shape, empty (an unsaved Endpoint: revision 0, no
@@ -281,10 +307,16 @@ class EndpointSerializer(serializers.Serializer):
     convergence = ConvergenceSerializer(required=False, help_text=(
         "with ?wait on a change: whether every live replica applied it"))
     limits = serializers.SerializerMethodField()
+    scale_to_zero = serializers.SerializerMethodField()
 
     @extend_schema_field(LimitsSerializer)
     def get_limits(self, obj) -> dict:
         return limits_body(obj, self.context.get("used", {}), None)
+
+    @extend_schema_field(ScaleToZeroSerializer)
+    def get_scale_to_zero(self, obj) -> dict:
+        return ScaleToZeroSerializer({"after_seconds": obj.scale_to_zero_after_seconds,
+                                      "cold_starts": self.context.get("cold_starts", [])}).data
 
     def get_state(self, obj) -> str:
         return obj.routing.state

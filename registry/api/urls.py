@@ -55,6 +55,8 @@ urlpatterns = [
          name="apikey-detail"),
     path(f"{MODEL}/endpoint/limits/", views.EndpointLimitsView.as_view(),
          name="endpoint-limits"),
+    path(f"{MODEL}/endpoint/scale-to-zero/", views.EndpointScaleToZeroView.as_view(),
+         name="endpoint-scale-to-zero"),
     path(f"{MODEL}/endpoint/keys/<str:prefix>/limits/", views.ApiKeyLimitsView.as_view(),
          name="apikey-limits"),
     path("audit/", views.AuditListView.as_view(), name="audit-list"),

@@ -33,6 +33,7 @@ from registry.api.serializers import (
     ModelUpdateSerializer,
     NameSerializer,
     ReplicaListSerializer,
+    ScaleToZeroSetSerializer,
     UploadSerializer,
     VersionConfigSerializer,
     VersionSerializer,
@@ -340,7 +341,8 @@ def endpoint_response(name: str, request, revision: int | None = None) -> Respon
     model = selectors.model_get(name)
     endpoint = selectors.endpoint_get(model) or Endpoint(model=model)
     used = selectors.quota_usage(name, []) if endpoint.daily_quota else {}
-    body = EndpointSerializer(endpoint, context={"used": used}).data
+    body = EndpointSerializer(endpoint, context={
+        "used": used, "cold_starts": selectors.cold_starts(name)}).data
     seconds = wait_seconds(request)
     if seconds is not None and revision is not None:
         body["convergence"] = wait_for_revision(revision, seconds)
@@ -371,6 +373,18 @@ class EndpointLimitsView(APIView):
         data = valid(LimitsSetSerializer, request.data)
         reason = data.pop("reason")
         services.limits_set(model_name=name, actor=actor(request), reason=reason, **data)
+        return endpoint_response(name, request, current_revision())
+
+
+class EndpointScaleToZeroView(APIView):
+    @extend_schema(request=ScaleToZeroSetSerializer, responses=EndpointSerializer,
+                   parameters=[WAIT])
+    def put(self, request, name):
+        """Set after how many idle seconds replicas unload the endpoint's versions (0: never);
+        the next request then waits for the load (a cold start)."""
+        data = valid(ScaleToZeroSetSerializer, request.data)
+        services.scale_to_zero_set(model_name=name, actor=actor(request),
+                                   seconds=data["after_seconds"], reason=data["reason"])
         return endpoint_response(name, request, current_revision())
 
 

@@ -21,6 +21,7 @@ from django.conf import settings
 
 from registry.jobs.lease import JobFailed, Lease, LeaseLost
 from registry.models import Job, ReplicaHeartbeat
+from serving.routes import SCALED_TO_ZERO
 from serving.signature import example_data, example_shape
 
 PROGRESS_EVERY = 0.5
@@ -108,7 +109,7 @@ def wait_loaded(version, replica: str, lease: Lease) -> None:
         seen = ReplicaHeartbeat.objects.filter(replica=replica).values_list(
             "versions", flat=True).first()
         state = ((seen or {}).get(key) or {}).get("state")
-        if state == "READY":
+        if state in ("READY", SCALED_TO_ZERO):  # scaled to zero: the first request loads it
             return
         if state == "FAILED" or time.monotonic() > deadline:
             raise JobFailed(f"replica {replica!r} did not load v{version.number} for the test "

@@ -36,6 +36,7 @@ from registry.services.rollouts import (
     shadow_start,
     shadow_stop,
 )
+from registry.services.scaling import scale_to_zero_set
 from registry.services.sso import role_from_groups, sso_sign_in
 from registry.services.versions import version_configure, version_describe, version_upload
 
@@ -46,7 +47,7 @@ __all__ = [
     "shadow_start", "shadow_stop",
     "alias_remove", "alias_set", "api_key_create", "api_key_revoke", "endpoint_deploy",
     "endpoint_for_update", "ensure_roles", "limits_set", "model_archive", "model_create",
-    "model_update",
+    "model_update", "scale_to_zero_set",
     "role_from_groups", "sso_sign_in", "token_create", "token_login", "token_revoke",
     "version_approve", "version_configure", "version_describe", "version_reject",
     "version_upload",

@@ -14,6 +14,7 @@ from registry.errors import InvalidRequest, LifecycleError, NotFound
 from registry.jobs.housekeeping import enqueue_job
 from registry.models import Endpoint, Job, JobKind, JobStatus, ModelVersion, ReplicaHeartbeat
 from registry.notify import bump_revision
+from serving.routes import SCALED_TO_ZERO
 
 ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
 
@@ -36,7 +37,7 @@ def _has_url(replica: ReplicaHeartbeat) -> bool:
 
 def _runs(replica: ReplicaHeartbeat, version: ModelVersion) -> bool:
     state = (replica.versions or {}).get(f"{version.model.name}:{version.number}") or {}
-    return state.get("state") == "READY"
+    return state.get("state") in ("READY", SCALED_TO_ZERO)  # scaled to zero: a request wakes it
 
 
 def target_replica(version: ModelVersion, name: str = "") -> tuple[ReplicaHeartbeat, bool]:

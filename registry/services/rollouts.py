@@ -25,6 +25,7 @@ from registry.services.approvals import require_approved
 from registry.services.deployments import keep_warm, ready_version, transition
 from registry.services.replicas import replicas_forget
 from registry.signatures import signature_differences
+from serving.routes import SCALED_TO_ZERO
 
 UNLOAD_WAIT_SECONDS = 30.0
 
@@ -265,12 +266,13 @@ def bluegreen_deploy(*, model_name: str, version_number: int, actor: Actor,
 
 
 def idle_laggards(model_name: str, version_number: int) -> list[dict]:
-    """Live replicas on which the version is not loaded and warmed (heartbeat state READY)."""
+    """Live replicas on which the version is not loaded and warmed (heartbeat state READY), or
+    scaled to zero there (a request loads it: the endpoint chose cold starts)."""
     key = f"{model_name}:{version_number}"
     out = []
     for r in selectors.replicas():
         state = (r.versions or {}).get(key, {}).get("state")
-        if state != "READY":
+        if state not in ("READY", SCALED_TO_ZERO):
             out.append({"replica": r.replica, "state": state or "not loaded"})
     return out
 

@@ -121,7 +121,8 @@ def test_prometheus_text_has_triton_counter_names_labelled_by_model_version_repl
     for name in TRITON_COUNTERS:
         assert f"# TYPE {name} counter" in text
         assert f'{name}{{model="mlp",replica="replica-a",version="3"}} ' in text
-    assert "_total" not in text  # Triton's names, not prometheus_client's renaming
+    for name in TRITON_COUNTERS:  # Triton's names, not prometheus_client's renaming
+        assert f"{name}_total" not in text
     assert '# TYPE nv_inference_pending_request_count gauge' in text
     assert 'nv_inference_request_success{model="mlp",replica="replica-a",version="3"} 40' in text
     assert 'nv_inference_count{model="mlp",replica="replica-a",version="3"} 40' in text
