@@ -459,6 +459,26 @@ def run_wrk(url: str, sc: Scenario, req: Request, seconds: float, cpus: str | No
     return json.loads(m.group(1))
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU (user + system) used so far by the live processes of a server's process group
+    (Triton's python-backend stubs included): what the server cost, whatever the neighbours."""
+    hz = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after the name: state ppid pgrp ...
+            total += int(fields[11]) + int(fields[12])
+    return total / hz
+
+
+def cpu_per_request(cpu0: float, pgid: int, res: dict) -> float:
+    """Server CPU µs per answered request during one wrk run."""
+    return (group_cpu_seconds(pgid) - cpu0) * 1e6 / max(1, res["requests"])
+
+
 # --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
@@ -521,6 +541,17 @@ def fmt_ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}×" if a and b else "–"
 
 
+def fmt_cpu(v: dict, row: dict) -> str:
+    """Median server CPU per request over the rounds, and Triton's over ours (>1: we use less)."""
+    def median_cpu(cell) -> float | None:
+        cpus = sorted(cell.get("cpu_rounds") or []) if isinstance(cell, dict) else []
+        return cpus[len(cpus) // 2] if cpus else None
+    ours, triton = median_cpu(v), median_cpu(row.get("triton"))
+    if ours is None:
+        return "–"
+    return f"{ours:,.0f}" + (f" ({triton / ours:.2f}×)" if triton else "")
+
+
 def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str, str],
            pinning: str) -> str:
     lines = [
@@ -545,8 +576,8 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
     lines += [
         "## Servers", "",
         "| scenario | server | req/s | p50 ms | p99 ms | non-2xx | vs Triton | vs MLServer "
-        "| vs bare | vs raw ORT b1 / b8 | rounds req/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| vs bare | vs raw ORT b1 / b8 | server CPU µs/req (vs Triton) | rounds req/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for sc in args.scenarios:
         row = results.get(sc.name, {})
@@ -556,7 +587,7 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
                 continue
             v = row[srv]
             if isinstance(v, str):
-                lines.append(f"| {sc.name} | {srv} | {v} | | | | | | | | |")
+                lines.append(f"| {sc.name} | {srv} | {v} | | | | | | | | | |")
                 continue
             bad = v["non2xx"] + v["connect_err"] + v["read_err"] + v["write_err"] \
                 + v["timeout_err"]
@@ -570,12 +601,15 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
                 f"| {sc.name} | {srv} | {v['rps']:,.0f} | {v['p50_us'] / 1e3:.2f} | "
                 f"{v['p99_us'] / 1e3:.2f} | {err} | {fmt_ratio(v['rps'], rps.get('triton'))} | "
                 f"{fmt_ratio(v['rps'], rps.get('mlserver'))} | "
-                f"{fmt_ratio(v['rps'], rps.get('bare'))} | {vs_raw} | "
+                f"{fmt_ratio(v['rps'], rps.get('bare'))} | {vs_raw} | {fmt_cpu(v, row)} | "
                 + ", ".join(f"{r:,.0f}" for r in v.get("rounds", [])) + " |")
     lines += ["", "Scenarios: " + "; ".join(f"`{s.name}` {s.title}" for s in args.scenarios),
               "Ratios are req/s of the row's server over the named peer's, same scenario, same "
-              "run. \"vs raw ORT\" = conv rows/s through the server over raw onnxruntime rows/s "
-              "at batch 1 and at batch 8 (the servers' max batch).", ""]
+              "run. Server CPU µs/req: user + system CPU of the server's processes per answered "
+              "request (median of the rounds), which other tenants of a shared machine do not "
+              "inflate the way they do req/s; in brackets Triton's over the row's (>1: less CPU "
+              "per request than Triton). \"vs raw ORT\" = conv rows/s through the server over "
+              "raw onnxruntime rows/s at batch 1 and at batch 8 (the servers' max batch).", ""]
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines)
@@ -728,7 +762,9 @@ def main() -> int:
                             try:
                                 if args.warmup > 0 and rnd == 0:
                                     run_wrk(url, sc, req, args.warmup, args.wrk_cpus or None)
+                                cpu0 = group_cpu_seconds(srv.proc.pid)
                                 res = run_wrk(url, sc, req, args.duration, args.wrk_cpus or None)
+                                res["cpu_us"] = cpu_per_request(cpu0, srv.proc.pid, res)
                             except ServerFailed as e:
                                 log(f"  ERROR {name} {sc.name}: {e}")
                                 results[sc.name][name] = "FAILED (see notes)"
@@ -744,7 +780,7 @@ def main() -> int:
                                              f" {bad - res['non2xx']} socket errors: a failed run")
                             log(f"  round {rnd + 1} {name:9s} {res['rps']:10,.0f} req/s  p50 "
                                 f"{res['p50_us'] / 1e3:7.2f} ms  p99 {res['p99_us'] / 1e3:7.2f} "
-                                f"ms  non-2xx {res['non2xx']}"
+                                f"ms  non-2xx {res['non2xx']}  CPU {res['cpu_us']:,.0f} µs/req"
                                 + (f"  socket errors {bad - res['non2xx']}"
                                    if bad > res["non2xx"] else ""))
             finally:
@@ -760,6 +796,7 @@ def main() -> int:
                     for k in ("non2xx", "connect_err", "read_err", "write_err", "timeout_err"):
                         best[k] = sum(r[k] for r in runs)
                     best["rounds"] = [r["rps"] for r in runs]
+                    best["cpu_rounds"] = [r["cpu_us"] for r in runs if "cpu_us" in r]
                     row[name] = best
     if "ours" in args.servers:
         versions["onnxruntime (ours, .venv)"] = ours_ort_version()
