@@ -42,7 +42,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -319,7 +319,7 @@ def setup_triton(work: Path, models: dict[str, Path], port: int, threads: int,
 
 
 def setup_ours(work: Path, models: dict[str, Path], port: int, threads: int,
-               checkout: Path | None = None) -> Launch:
+               checkout: Path | None = None, workers: int = 1) -> Launch:
     """Our server on a model repository; from `checkout` (another tree of this repo) if given."""
     d = work / ("before" if checkout else "ours")
     for m, p in models.items():
@@ -332,6 +332,8 @@ def setup_ours(work: Path, models: dict[str, Path], port: int, threads: int,
     if checkout:
         cmd = [str(OUR_PY), "-c", "from serving.cli import main; main()"]
         env["PYTHONPATH"] = str(checkout)
+    if workers != 1:
+        cmd += ["--workers", str(workers)]
     return Launch([*cmd, "--model-repository", str(d), "--host", "127.0.0.1", "--port", str(port)],
                   env)
 
@@ -459,6 +461,55 @@ def run_wrk(url: str, sc: Scenario, req: Request, seconds: float, cpus: str | No
     return json.loads(m.group(1))
 
 
+# --------------------------------------------------------------------------------------------
+# Pinning modes and the CPU-burning neighbour (--modes, --neighbours)
+# --------------------------------------------------------------------------------------------
+
+MODES = ("pinned", "unpinned", "busy")
+MODE_TITLES = {"pinned": "server on --server-cpus, wrk on --wrk-cpus",
+               "unpinned": "no pinning, as users run it",
+               "busy": "no pinning, CPU-burning neighbour process(es) running"}
+
+
+def mode_scenarios(args) -> list[tuple[str, Scenario]]:
+    """Every (mode, scenario) the table has a row group for, mode by mode."""
+    return [(mode, replace(sc, name=f"{sc.name} {mode}")) for mode in args.modes
+            for sc in args.scenarios]
+
+
+def mode_cpus(args, mode: str) -> tuple[str | None, str | None]:
+    """(server CPUs, wrk CPUs) for a mode; None = every CPU."""
+    return (args.server_cpus or None, args.wrk_cpus or None) if mode == "pinned" else (None, None)
+
+
+def pin_group(pgid: int, cpus: str | None) -> None:
+    """Move every thread of a running server's process group onto `cpus` (None: all)."""
+    spec = cpus or f"0-{os.cpu_count() - 1}"
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rpartition(")")[2].split()[2]) != pgid:
+                continue
+        except (OSError, ValueError):
+            continue
+        subprocess.run(["taskset", "-a", "-p", "-c", spec, stat.parent.name],
+                       capture_output=True)
+
+
+class Neighbours:
+    """`count` processes that burn CPU (a Python busy loop, unpinned) while they live: the
+    other tenant of a busy host, the same one for every server's loads in the mode."""
+
+    def __init__(self, count: int) -> None:
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                       stdin=subprocess.DEVNULL) for _ in range(count)]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait(5)
+        self.procs = []
+
+
 def group_cpu_seconds(pgid: int) -> float:
     """CPU (user + system) used so far by the live processes of a server's process group
     (Triton's python-backend stubs included): what the server cost, whatever the neighbours."""
@@ -560,6 +611,9 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
         f"- machine: {machine()}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
         f"- pinning: {pinning}",
+        "- modes (the word after each scenario): " + "; ".join(
+            f"{m}: {MODE_TITLES[m]}" + (f" ({args.neighbours})" if m == "busy" else "")
+            for m in args.modes) + f"; ours with --workers {args.ours_workers}",
         f"- background: {args.background}",
         f"- load: wrk -t1, {args.duration:g} s per run after a {args.warmup:g} s warm-up, "
         f"loopback, one row per request; {args.rounds} round(s) per server and scenario, "
@@ -579,7 +633,7 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
         "| vs bare | vs raw ORT b1 / b8 | server CPU µs/req (vs Triton) | rounds req/s |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for sc in args.scenarios:
+    for _, sc in mode_scenarios(args):
         row = results.get(sc.name, {})
         rps = {k: v["rps"] for k, v in row.items() if isinstance(v, dict)}
         for srv in args.servers:
@@ -639,6 +693,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--wrk-cpus", default="1", help="taskset CPU list for wrk ('' = no pin)")
     p.add_argument("--ort-threads", type=int, default=1,
                    help="onnxruntime intra_op threads in every server and the raw loop")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="comma list of pinned (server on --server-cpus, wrk on --wrk-cpus), "
+                        "unpinned (as users run it), busy (unpinned with --neighbours "
+                        "CPU-burning processes); every mode loads every server (default: all)")
+    p.add_argument("--neighbours", type=int, default=1,
+                   help="CPU-burning processes running through the busy mode's loads")
+    p.add_argument("--ours-workers", type=int, default=1,
+                   help="mmc-serve --workers for ours (and before)")
     p.add_argument("--triton-delay-us", type=int, default=500,
                    help="Triton dynamic_batching max_queue_delay_microseconds")
     p.add_argument("--output", default=str(RESULTS), help="markdown file to write")
@@ -654,6 +716,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if bad:
         p.error(f"unknown: {', '.join(bad)}")
     a.scenarios = [SCENARIOS[s] for s in names]
+    a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    if not a.modes or any(m not in MODES for m in a.modes):
+        p.error(f"--modes takes a comma list of {', '.join(MODES)}")
     ncpu = len(os.sched_getaffinity(0))
     for cpus in (a.server_cpus, a.wrk_cpus):
         if cpus and max(parse_cpus(cpus)) >= os.cpu_count():
@@ -721,14 +786,16 @@ def main() -> int:
             "mlserver": lambda p: setup_mlserver(work, models, p, args.ort_threads),
             "triton": lambda p: setup_triton(work, models, p, args.ort_threads,
                                              args.triton_delay_us),
-            "ours": lambda p: setup_ours(work, models, p, args.ort_threads),
+            "ours": lambda p: setup_ours(work, models, p, args.ort_threads,
+                                         workers=args.ours_workers),
             "before": lambda p: setup_ours(work, models, p, args.ort_threads,
-                                           Path(args.before)),
+                                           Path(args.before), workers=args.ours_workers),
         }
         names = [s for s in SERVERS if s in args.servers and s != "raw"]
         groups = [[n] for n in names] if args.sequential else [names]
         for group in groups:
             running: dict[str, Running] = {}
+            neighbours: Neighbours | None = None
             try:
                 for name in group:
                     srv = start_server(name, setups[name], work, args, notes, versions)
@@ -737,20 +804,33 @@ def main() -> int:
                         continue
                     running[name] = srv
                     for sc in args.scenarios:
-                        cell = results.setdefault(sc.name, {})
+                        cells = [results.setdefault(f"{sc.name} {m}", {}) for m in args.modes]
                         if name == "mlserver" and sc.binary:
-                            cell[name] = "n/a (no binary tensor extension)"
+                            for cell in cells:
+                                cell[name] = "n/a (no binary tensor extension)"
                             continue
                         try:
                             check_by_hand(srv, sc, reqs[(sc.model, sc.binary)])
-                            cell[name] = []
+                            for cell in cells:
+                                cell[name] = []
                         except ServerFailed as e:
                             log(f"  ERROR {sc.name}: {e}")
-                            cell[name] = "FAILED (see notes)"
+                            for cell in cells:
+                                cell[name] = "FAILED (see notes)"
                             notes.append(f"{name} {sc.name} FAILED: {str(e).splitlines()[0]}")
                             failed = True
                     log(f"  {name}: one response per scenario checked against onnxruntime")
-                for sc in args.scenarios:
+                mode = None
+                for sc_mode, sc in mode_scenarios(args):
+                    if sc_mode != mode:  # re-pin the running servers, start/stop the neighbour
+                        mode = sc_mode
+                        server_cpus, wrk_cpus = mode_cpus(args, mode)
+                        for srv in running.values():
+                            pin_group(srv.proc.pid, server_cpus)
+                        if neighbours:
+                            neighbours.stop()
+                        neighbours = Neighbours(args.neighbours) if mode == "busy" else None
+                        log(f"[mode] {mode}: {MODE_TITLES[mode]}")
                     log(f"[load] {sc.name}: {sc.title}")
                     req = reqs[(sc.model, sc.binary)]
                     for rnd in range(args.rounds):
@@ -761,9 +841,9 @@ def main() -> int:
                             url = srv.url(f"/v2/models/{sc.model}/infer")
                             try:
                                 if args.warmup > 0 and rnd == 0:
-                                    run_wrk(url, sc, req, args.warmup, args.wrk_cpus or None)
+                                    run_wrk(url, sc, req, args.warmup, wrk_cpus)
                                 cpu0 = group_cpu_seconds(srv.proc.pid)
-                                res = run_wrk(url, sc, req, args.duration, args.wrk_cpus or None)
+                                res = run_wrk(url, sc, req, args.duration, wrk_cpus)
                                 res["cpu_us"] = cpu_per_request(cpu0, srv.proc.pid, res)
                             except ServerFailed as e:
                                 log(f"  ERROR {name} {sc.name}: {e}")
@@ -784,6 +864,8 @@ def main() -> int:
                                 + (f"  socket errors {bad - res['non2xx']}"
                                    if bad > res["non2xx"] else ""))
             finally:
+                if neighbours:
+                    neighbours.stop()
                 for srv in running.values():
                     srv.stop()
         for row in results.values():  # keep the best round; count failures over all rounds
