@@ -13,6 +13,9 @@ What it does (see /work/shared/BENCH.md for the why):
 - for each server: starts it on a free loopback port, waits for GET /v2/health/ready, checks one
   response of every scenario against onnxruntime by hand, loads it with wrk (Lua scripts in
   bench/wrk/) for --duration seconds per scenario, records req/s, p50, p99, non-2xx, stops it;
+- does all of that in each mode of --modes (pinned, unpinned, busy: unpinned with a CPU-burning
+  neighbour), re-pinning the running servers between modes, and records each server's CPU per
+  request (its process group's user + system time over the answers);
 - prints a markdown table with ratios and writes it to bench/results/serving-latest.md.
 
 `--before DIR` adds the server "before": the same mmc-serve from another checkout of this repo
@@ -525,6 +528,23 @@ def group_cpu_seconds(pgid: int) -> float:
     return total / hz
 
 
+def group_memory(pgid: int) -> str:
+    """How many processes a server runs and the resident memory of each (VmRSS, MB)."""
+    sizes = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            if int((status.parent / "stat").read_text().rpartition(")")[2].split()[2]) != pgid:
+                continue
+            rss = next(int(line.split()[1]) for line in status.read_text().splitlines()
+                       if line.startswith("VmRSS:"))
+        except (OSError, ValueError, StopIteration):
+            continue
+        sizes.append(rss / 1024)
+    sizes.sort(reverse=True)
+    return (f"{len(sizes)} process(es), RSS {' + '.join(f'{s:.0f}' for s in sizes)} MB "
+            f"= {sum(sizes):.0f} MB")
+
+
 def cpu_per_request(cpu0: float, pgid: int, res: dict) -> float:
     """Server CPU µs per answered request during one wrk run."""
     return (group_cpu_seconds(pgid) - cpu0) * 1e6 / max(1, res["requests"])
@@ -866,7 +886,8 @@ def main() -> int:
             finally:
                 if neighbours:
                     neighbours.stop()
-                for srv in running.values():
+                for name, srv in running.items():
+                    notes.append(f"{name} after its loads: {group_memory(srv.proc.pid)}")
                     srv.stop()
         for row in results.values():  # keep the best round; count failures over all rounds
             for name, runs in list(row.items()):
