@@ -720,7 +720,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--neighbours", type=int, default=1,
                    help="CPU-burning processes running through the busy mode's loads")
     p.add_argument("--ours-workers", type=int, default=1,
-                   help="mmc-serve --workers for ours (and before)")
+                   help="mmc-serve --workers for ours (before keeps one)")
     p.add_argument("--triton-delay-us", type=int, default=500,
                    help="Triton dynamic_batching max_queue_delay_microseconds")
     p.add_argument("--output", default=str(RESULTS), help="markdown file to write")
@@ -809,7 +809,7 @@ def main() -> int:
             "ours": lambda p: setup_ours(work, models, p, args.ort_threads,
                                          workers=args.ours_workers),
             "before": lambda p: setup_ours(work, models, p, args.ort_threads,
-                                           Path(args.before), workers=args.ours_workers),
+                                           Path(args.before)),
         }
         names = [s for s in SERVERS if s in args.servers and s != "raw"]
         groups = [[n] for n in names] if args.sequential else [names]
