@@ -2,9 +2,9 @@
 tmp/ folder; the periodic garbage collection sweeps it once it is older than the grace (an upload
 in progress keeps writing, so its file stays fresh), and removes nothing else.
 
-Under uvicorn, Django spools the request body to an unnamed temporary file first (gone with the
-process); the store's own temp file (tmp/upload-*) exists while the view hashes the body into
-the store and fsyncs it. The spec kills the real console process inside that window."""
+Under uvicorn, a raw PUT's body goes into the store's own temp file (tmp/upload-*) while it
+arrives (console.asgi), which exists until the view has fsynced and renamed it. The spec kills
+the real console process inside that window."""
 
 import os
 import threading
