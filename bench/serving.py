@@ -14,6 +14,9 @@ What it does (see /work/shared/BENCH.md for the why):
 - for each server: starts it on a free loopback port, waits for GET /v2/health/ready, checks one
   response of every scenario against onnxruntime by hand, loads it with wrk (Lua scripts in
   bench/wrk/) for --duration seconds per scenario, records req/s, p50, p99, non-2xx, stops it;
+- does all of that in each mode of --modes (pinned, unpinned, busy: unpinned with a CPU-burning
+  neighbour), re-pinning the running servers between modes, and records each server's CPU per
+  request (its process group's user + system time over the answers);
 - prints a markdown table with ratios and writes it to bench/results/serving-latest.md.
 
 `--before DIR` adds the server "before": the same mmc-serve from another checkout of this repo
@@ -43,7 +46,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -320,7 +323,7 @@ def setup_triton(work: Path, models: dict[str, Path], port: int, threads: int,
 
 
 def setup_ours(work: Path, models: dict[str, Path], port: int, threads: int,
-               checkout: Path | None = None) -> Launch:
+               checkout: Path | None = None, workers: int = 1) -> Launch:
     """Our server on a model repository; from `checkout` (another tree of this repo) if given."""
     d = work / ("before" if checkout else "ours")
     for m, p in models.items():
@@ -333,6 +336,8 @@ def setup_ours(work: Path, models: dict[str, Path], port: int, threads: int,
     if checkout:
         cmd = [str(OUR_PY), "-c", "from serving.cli import main; main()"]
         env["PYTHONPATH"] = str(checkout)
+    if workers != 1:
+        cmd += ["--workers", str(workers)]
     return Launch([*cmd, "--model-repository", str(d), "--host", "127.0.0.1", "--port", str(port)],
                   env)
 
@@ -461,6 +466,92 @@ def run_wrk(url: str, sc: Scenario, req: Request, seconds: float, cpus: str | No
 
 
 # --------------------------------------------------------------------------------------------
+# Pinning modes and the CPU-burning neighbour (--modes, --neighbours)
+# --------------------------------------------------------------------------------------------
+
+MODES = ("pinned", "unpinned", "busy")
+MODE_TITLES = {"pinned": "server on --server-cpus, wrk on --wrk-cpus",
+               "unpinned": "no pinning, as users run it",
+               "busy": "no pinning, CPU-burning neighbour process(es) running"}
+
+
+def mode_scenarios(args) -> list[tuple[str, Scenario]]:
+    """Every (mode, scenario) the table has a row group for, mode by mode."""
+    return [(mode, replace(sc, name=f"{sc.name} {mode}")) for mode in args.modes
+            for sc in args.scenarios]
+
+
+def mode_cpus(args, mode: str) -> tuple[str | None, str | None]:
+    """(server CPUs, wrk CPUs) for a mode; None = every CPU."""
+    return (args.server_cpus or None, args.wrk_cpus or None) if mode == "pinned" else (None, None)
+
+
+def pin_group(pgid: int, cpus: str | None) -> None:
+    """Move every thread of a running server's process group onto `cpus` (None: all)."""
+    spec = cpus or f"0-{os.cpu_count() - 1}"
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rpartition(")")[2].split()[2]) != pgid:
+                continue
+        except (OSError, ValueError):
+            continue
+        subprocess.run(["taskset", "-a", "-p", "-c", spec, stat.parent.name],
+                       capture_output=True)
+
+
+class Neighbours:
+    """`count` processes that burn CPU (a Python busy loop, unpinned) while they live: the
+    other tenant of a busy host, the same one for every server's loads in the mode."""
+
+    def __init__(self, count: int) -> None:
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                       stdin=subprocess.DEVNULL) for _ in range(count)]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait(5)
+        self.procs = []
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU (user + system) used so far by the live processes of a server's process group
+    (Triton's python-backend stubs included): what the server cost, whatever the neighbours."""
+    hz = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after the name: state ppid pgrp ...
+            total += int(fields[11]) + int(fields[12])
+    return total / hz
+
+
+def group_memory(pgid: int) -> str:
+    """How many processes a server runs and the resident memory of each (VmRSS, MB)."""
+    sizes = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            if int((status.parent / "stat").read_text().rpartition(")")[2].split()[2]) != pgid:
+                continue
+            rss = next(int(line.split()[1]) for line in status.read_text().splitlines()
+                       if line.startswith("VmRSS:"))
+        except (OSError, ValueError, StopIteration):
+            continue
+        sizes.append(rss / 1024)
+    sizes.sort(reverse=True)
+    return (f"{len(sizes)} process(es), RSS {' + '.join(f'{s:.0f}' for s in sizes)} MB "
+            f"= {sum(sizes):.0f} MB")
+
+
+def cpu_per_request(cpu0: float, pgid: int, res: dict) -> float:
+    """Server CPU µs per answered request during one wrk run."""
+    return (group_cpu_seconds(pgid) - cpu0) * 1e6 / max(1, res["requests"])
+
+
+# --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
 
@@ -522,6 +613,17 @@ def fmt_ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}×" if a and b else "–"
 
 
+def fmt_cpu(v: dict, row: dict) -> str:
+    """Median server CPU per request over the rounds, and Triton's over ours (>1: we use less)."""
+    def median_cpu(cell) -> float | None:
+        cpus = sorted(cell.get("cpu_rounds") or []) if isinstance(cell, dict) else []
+        return cpus[len(cpus) // 2] if cpus else None
+    ours, triton = median_cpu(v), median_cpu(row.get("triton"))
+    if ours is None:
+        return "–"
+    return f"{ours:,.0f}" + (f" ({triton / ours:.2f}×)" if triton else "")
+
+
 def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str, str],
            pinning: str) -> str:
     lines = [
@@ -530,6 +632,9 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
         f"- machine: {machine()}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
         f"- pinning: {pinning}",
+        "- modes (the word after each scenario): " + "; ".join(
+            f"{m}: {MODE_TITLES[m]}" + (f" ({args.neighbours})" if m == "busy" else "")
+            for m in args.modes) + f"; ours with --workers {args.ours_workers}",
         f"- background: {args.background}",
         f"- load: wrk -t1, {args.duration:g} s per run after a {args.warmup:g} s warm-up, "
         f"loopback, one row per request; {args.rounds} round(s) per server and scenario, "
@@ -546,10 +651,10 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
     lines += [
         "## Servers", "",
         "| scenario | server | req/s | p50 ms | p99 ms | non-2xx | vs Triton | vs MLServer "
-        "| vs bare | vs raw ORT b1 / b8 | rounds req/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| vs bare | vs raw ORT b1 / b8 | server CPU µs/req (vs Triton) | rounds req/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for sc in args.scenarios:
+    for _, sc in mode_scenarios(args):
         row = results.get(sc.name, {})
         rps = {k: v["rps"] for k, v in row.items() if isinstance(v, dict)}
         for srv in args.servers:
@@ -557,7 +662,7 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
                 continue
             v = row[srv]
             if isinstance(v, str):
-                lines.append(f"| {sc.name} | {srv} | {v} | | | | | | | | |")
+                lines.append(f"| {sc.name} | {srv} | {v} | | | | | | | | | |")
                 continue
             bad = v["non2xx"] + v["connect_err"] + v["read_err"] + v["write_err"] \
                 + v["timeout_err"]
@@ -571,12 +676,15 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
                 f"| {sc.name} | {srv} | {v['rps']:,.0f} | {v['p50_us'] / 1e3:.2f} | "
                 f"{v['p99_us'] / 1e3:.2f} | {err} | {fmt_ratio(v['rps'], rps.get('triton'))} | "
                 f"{fmt_ratio(v['rps'], rps.get('mlserver'))} | "
-                f"{fmt_ratio(v['rps'], rps.get('bare'))} | {vs_raw} | "
+                f"{fmt_ratio(v['rps'], rps.get('bare'))} | {vs_raw} | {fmt_cpu(v, row)} | "
                 + ", ".join(f"{r:,.0f}" for r in v.get("rounds", [])) + " |")
     lines += ["", "Scenarios: " + "; ".join(f"`{s.name}` {s.title}" for s in args.scenarios),
               "Ratios are req/s of the row's server over the named peer's, same scenario, same "
-              "run. \"vs raw ORT\" = conv rows/s through the server over raw onnxruntime rows/s "
-              "at batch 1 and at batch 8 (the servers' max batch).", ""]
+              "run. Server CPU µs/req: user + system CPU of the server's processes per answered "
+              "request (median of the rounds), which other tenants of a shared machine do not "
+              "inflate the way they do req/s; in brackets Triton's over the row's (>1: less CPU "
+              "per request than Triton). \"vs raw ORT\" = conv rows/s through the server over "
+              "raw onnxruntime rows/s at batch 1 and at batch 8 (the servers' max batch).", ""]
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines)
@@ -872,6 +980,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--wrk-cpus", default="1", help="taskset CPU list for wrk ('' = no pin)")
     p.add_argument("--ort-threads", type=int, default=1,
                    help="onnxruntime intra_op threads in every server and the raw loop")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="comma list of pinned (server on --server-cpus, wrk on --wrk-cpus), "
+                        "unpinned (as users run it), busy (unpinned with --neighbours "
+                        "CPU-burning processes); every mode loads every server (default: all)")
+    p.add_argument("--neighbours", type=int, default=1,
+                   help="CPU-burning processes running through the busy mode's loads")
+    p.add_argument("--ours-workers", type=int, default=1,
+                   help="mmc-serve --workers for ours (before keeps one)")
     p.add_argument("--triton-delay-us", type=int, default=500,
                    help="Triton dynamic_batching max_queue_delay_microseconds")
     p.add_argument("--output", default=str(RESULTS), help="markdown file to write")
@@ -890,6 +1006,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if bad:
         p.error(f"unknown: {', '.join(bad)}")
     a.scenarios = [SCENARIOS[s] for s in names]
+    a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    if not a.modes or any(m not in MODES for m in a.modes):
+        p.error(f"--modes takes a comma list of {', '.join(MODES)}")
     ncpu = len(os.sched_getaffinity(0))
     for cpus in (a.server_cpus, a.wrk_cpus):
         if cpus and max(parse_cpus(cpus)) >= os.cpu_count():
@@ -959,7 +1078,8 @@ def main() -> int:
             "mlserver": lambda p: setup_mlserver(work, models, p, args.ort_threads),
             "triton": lambda p: setup_triton(work, models, p, args.ort_threads,
                                              args.triton_delay_us),
-            "ours": lambda p: setup_ours(work, models, p, args.ort_threads),
+            "ours": lambda p: setup_ours(work, models, p, args.ort_threads,
+                                         workers=args.ours_workers),
             "before": lambda p: setup_ours(work, models, p, args.ort_threads,
                                            Path(args.before)),
         }
@@ -967,6 +1087,7 @@ def main() -> int:
         groups = [[n] for n in names] if args.sequential else [names]
         for group in groups:
             running: dict[str, Running] = {}
+            neighbours: Neighbours | None = None
             try:
                 for name in group:
                     srv = start_server(name, setups[name], work, args, notes, versions)
@@ -975,20 +1096,33 @@ def main() -> int:
                         continue
                     running[name] = srv
                     for sc in args.scenarios:
-                        cell = results.setdefault(sc.name, {})
+                        cells = [results.setdefault(f"{sc.name} {m}", {}) for m in args.modes]
                         if name == "mlserver" and sc.binary:
-                            cell[name] = "n/a (no binary tensor extension)"
+                            for cell in cells:
+                                cell[name] = "n/a (no binary tensor extension)"
                             continue
                         try:
                             check_by_hand(srv, sc, reqs[(sc.model, sc.binary)])
-                            cell[name] = []
+                            for cell in cells:
+                                cell[name] = []
                         except ServerFailed as e:
                             log(f"  ERROR {sc.name}: {e}")
-                            cell[name] = "FAILED (see notes)"
+                            for cell in cells:
+                                cell[name] = "FAILED (see notes)"
                             notes.append(f"{name} {sc.name} FAILED: {str(e).splitlines()[0]}")
                             failed = True
                     log(f"  {name}: one response per scenario checked against onnxruntime")
-                for sc in args.scenarios:
+                mode = None
+                for sc_mode, sc in mode_scenarios(args):
+                    if sc_mode != mode:  # re-pin the running servers, start/stop the neighbour
+                        mode = sc_mode
+                        server_cpus, wrk_cpus = mode_cpus(args, mode)
+                        for srv in running.values():
+                            pin_group(srv.proc.pid, server_cpus)
+                        if neighbours:
+                            neighbours.stop()
+                        neighbours = Neighbours(args.neighbours) if mode == "busy" else None
+                        log(f"[mode] {mode}: {MODE_TITLES[mode]}")
                     log(f"[load] {sc.name}: {sc.title}")
                     req = reqs[(sc.model, sc.binary)]
                     for rnd in range(args.rounds):
@@ -999,8 +1133,10 @@ def main() -> int:
                             url = srv.url(f"/v2/models/{sc.model}/infer")
                             try:
                                 if args.warmup > 0 and rnd == 0:
-                                    run_wrk(url, sc, req, args.warmup, args.wrk_cpus or None)
-                                res = run_wrk(url, sc, req, args.duration, args.wrk_cpus or None)
+                                    run_wrk(url, sc, req, args.warmup, wrk_cpus)
+                                cpu0 = group_cpu_seconds(srv.proc.pid)
+                                res = run_wrk(url, sc, req, args.duration, wrk_cpus)
+                                res["cpu_us"] = cpu_per_request(cpu0, srv.proc.pid, res)
                             except ServerFailed as e:
                                 log(f"  ERROR {name} {sc.name}: {e}")
                                 results[sc.name][name] = "FAILED (see notes)"
@@ -1016,11 +1152,14 @@ def main() -> int:
                                              f" {bad - res['non2xx']} socket errors: a failed run")
                             log(f"  round {rnd + 1} {name:9s} {res['rps']:10,.0f} req/s  p50 "
                                 f"{res['p50_us'] / 1e3:7.2f} ms  p99 {res['p99_us'] / 1e3:7.2f} "
-                                f"ms  non-2xx {res['non2xx']}"
+                                f"ms  non-2xx {res['non2xx']}  CPU {res['cpu_us']:,.0f} µs/req"
                                 + (f"  socket errors {bad - res['non2xx']}"
                                    if bad > res["non2xx"] else ""))
             finally:
-                for srv in running.values():
+                if neighbours:
+                    neighbours.stop()
+                for name, srv in running.items():
+                    notes.append(f"{name} after its loads: {group_memory(srv.proc.pid)}")
                     srv.stop()
         for row in results.values():  # keep the best round; count failures over all rounds
             for name, runs in list(row.items()):
@@ -1032,6 +1171,7 @@ def main() -> int:
                     for k in ("non2xx", "connect_err", "read_err", "write_err", "timeout_err"):
                         best[k] = sum(r[k] for r in runs)
                     best["rounds"] = [r["rps"] for r in runs]
+                    best["cpu_rounds"] = [r["cpu_us"] for r in runs if "cpu_us" in r]
                     row[name] = best
     if "ours" in args.servers:
         versions["onnxruntime (ours, .venv)"] = ours_ort_version()

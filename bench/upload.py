@@ -5,7 +5,8 @@
 Starts the embedded server (console + API) on a fresh data folder, uploads a random file of
 --mb megabytes with a raw-body PUT and with multipart, and reports MB/s as a ratio to copying the
 same file on the same disk (read + write + fsync, as the store does), and the server's peak RSS
-growth during the upload (VmHWM - VmRSS before; target < 64 MB).
+growth during the upload (VmHWM - VmRSS before; target < 64 MB), and the server's CPU time per
+GB uploaded (what a shared, noisy machine does not inflate).
 
 --store s3 puts the artifacts in an S3-compatible object store instead of the folder: a moto
 server (the dev extra's `moto[server]`) started on a free 127.0.0.1 port, in memory, on the same
@@ -40,6 +41,13 @@ def proc_kb(pid: int, field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise KeyError(field)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU the process (all its threads) has used: unlike MB/s, other tenants of
+    a shared machine do not inflate it."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def reset_peak(pid: int) -> None:
@@ -137,6 +145,7 @@ def main() -> None:
             time.sleep(1)
             rss0 = proc_kb(server.pid, "VmRSS")
             reset_peak(server.pid)
+            cpu0 = cpu_seconds(server.pid)
             t0 = time.perf_counter()
             with httpx.Client(base_url=base, headers=headers, timeout=600) as http:
                 if kind == "raw PUT":
@@ -149,9 +158,10 @@ def main() -> None:
                         r = http.post("/api/v1/models/big/versions/",
                                       files={"file": ("payload.bin", f)})
             seconds = time.perf_counter() - t0
+            cpu = cpu_seconds(server.pid) - cpu0
             peak = proc_kb(server.pid, "VmHWM")
             assert r.status_code == 201, r.text
-            rows.append((kind, seconds, (peak - rss0) / 1024))
+            rows.append((kind, seconds, (peak - rss0) / 1024, cpu))
         mb = src.stat().st_size / 1024**2
         if moto is not None:  # the peer: boto3's own managed upload of the same file
             import boto3
@@ -163,15 +173,17 @@ def main() -> None:
             with open(src, "rb") as f:
                 client.upload_fileobj(f, "mmc-bench", "ceiling/payload.bin")
             rows.insert(0, ("boto3 upload_fileobj, no server (ceiling)",
-                            time.perf_counter() - t0, None))
+                            time.perf_counter() - t0, None, None))
         print(f"\nUpload of {mb:.0f} MB into the {args.store} store, {time.strftime('%Y-%m-%d')}, "
               f"{os.cpu_count()} cores\n")
-        print("| path | MB/s | ratio to plain copy | server peak RSS growth |")
-        print("|---|---|---|---|")
-        print(f"| plain copy + fsync | {mb / copy_s:.0f} | 1.00 | - |")
-        for kind, seconds, growth in rows:
+        print("| path | MB/s | ratio to plain copy | server peak RSS growth "
+              "| server CPU s per GB |")
+        print("|---|---|---|---|---|")
+        print(f"| plain copy + fsync | {mb / copy_s:.0f} | 1.00 | - | - |")
+        for kind, seconds, growth, cpu in rows:
             rss = "-" if growth is None else f"{growth:.1f} MB"
-            print(f"| {kind} | {mb / seconds:.0f} | {copy_s / seconds:.2f} | {rss} |")
+            per_gb = "-" if cpu is None else f"{cpu * 1024 / mb:.2f}"
+            print(f"| {kind} | {mb / seconds:.0f} | {copy_s / seconds:.2f} | {rss} | {per_gb} |")
     finally:
         server.terminate()
         server.wait(10)

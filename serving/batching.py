@@ -5,9 +5,13 @@ Triton's semantics: with max_queue_delay_us 0 a free instance takes whatever is 
 away (batches form naturally while the instances are busy, so an idle server adds almost
 nothing); with a delay the batcher waits up to that long for a preferred or full batch.
 
-Per request the cost is one future, one small record and a deque append; the event loop never
-waits on the model. All bookkeeping (queue, stats) happens on the event loop thread, so it needs
-no locks; worker threads only concatenate, run and split. Which requests form a batch, and how
+Per request the cost is one future, one small record and a deque append. A model that runs for
+longer than INLINE_BELOW_NS runs in worker threads, so the event loop never waits on it; a
+quicker one runs on the event loop itself, because handing a batch to a thread and back costs
+two wake-ups, and on a busy host each may wait for a core longer than the model runs (py-spy on
+the MLP at c=32: the loop spent a quarter of its time waking the worker and being woken).
+All bookkeeping (queue, stats) happens on the event loop thread, so it needs no locks; worker
+threads only concatenate, run and split. Which requests form a batch, and how
 outputs go back to them, is decided by the pure functions in serving.batch_policy.
 """
 
@@ -25,6 +29,11 @@ from serving.batch_policy import Tensors, batch_key, form_batch, merge_inputs, s
 from serving.errors import ModelNotReady, QueueFull
 from serving.routes import BatchingConfig
 from serving.stats import VersionStats
+
+#: a model whose runs average less than this runs on the event loop (one instance, no executor);
+#: it goes back to the threads once its runs average more than INLINE_ABOVE_NS
+INLINE_BELOW_NS = 200_000
+INLINE_ABOVE_NS = 400_000
 
 
 class _Request:
@@ -77,6 +86,15 @@ class DynamicBatcher:
         self._drain_waiters: list[asyncio.Future] = []
         self._closed = False
         self.requests = 0  # infer() calls this batcher has taken (refused ones included)
+        # run time per batch, a moving average; None until the first run (in a thread) says
+        self._run_ns: float | None = None
+        self._inline = False
+        self._may_inline = executor is None and self._instances == 1
+
+    @property
+    def runs_inline(self) -> bool:
+        """Whether batches now run on the event loop (the model is quicker than a hand-off)."""
+        return self._inline
 
     @property
     def queue_depth(self) -> int:
@@ -133,6 +151,9 @@ class DynamicBatcher:
             for r in batch:
                 stats.queue_count += 1
                 stats.queue_ns += start - r.enqueued_ns
+            if self._inline:
+                self._finish(batch, *self._run_batch(batch))
+                continue
             self._in_flight += 1
             try:
                 if self._executor is not None:
@@ -194,6 +215,11 @@ class DynamicBatcher:
                 if not r.future.done():
                     r.future.set_exception(error)
                 stats.record_failure(now - r.enqueued_ns)
+        if self._may_inline:
+            run_ns = times[1]
+            avg = self._run_ns = run_ns if self._run_ns is None else \
+                0.875 * self._run_ns + 0.125 * run_ns
+            self._inline = avg < (INLINE_ABOVE_NS if self._inline else INLINE_BELOW_NS)
 
     def _complete(self, batch: list[_Request], parts: list[Tensors] | None,
                   error: BaseException | None, times: tuple[int, int, int]) -> None:
@@ -235,6 +261,15 @@ class DynamicBatcher:
 
     def _execute(self, loop: asyncio.AbstractEventLoop, batch: list[_Request]) -> None:
         """In a worker thread: merge, run, split; hand the outcome back to the loop."""
+        outcome = self._run_batch(batch)
+        try:
+            loop.call_soon_threadsafe(self._complete, batch, *outcome)
+        except RuntimeError:  # the loop is gone (shutdown): nobody is waiting any more
+            pass
+
+    def _run_batch(self, batch: list[_Request]) -> tuple[
+            list[Tensors] | None, BaseException | None, tuple[int, int, int]]:
+        """Merge, run, split: each caller's outputs or the error, and the three times."""
         t0 = perf_counter_ns()
         parts: list[Tensors] | None = None
         error: BaseException | None = None
@@ -249,11 +284,7 @@ class DynamicBatcher:
             error = exc
             parts = None
         t3 = perf_counter_ns()
-        try:
-            loop.call_soon_threadsafe(self._complete, batch, parts, error,
-                                      (t1 - t0, t2 - t1, t3 - t2))
-        except RuntimeError:  # the loop is gone (shutdown): nobody is waiting any more
-            pass
+        return parts, error, (t1 - t0, t2 - t1, t3 - t2)
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -18,6 +18,8 @@ import orjson
 from serving.compression import MAX_BODY_BYTES, decompress
 from serving.dtypes import DATATYPE_BY_DTYPE, DATATYPES, NOT_IN_NUMPY
 from serving.errors import InvalidInput, ServerFault
+from serving.json_numbers import FAST_MIN_BYTES, Numbers
+from serving.json_numbers import load as load_numeric_json
 
 #: BF16 and the like: JSON cannot carry them (see serving.dtypes).
 _BINARY_ONLY = NOT_IN_NUMPY
@@ -93,13 +95,15 @@ def sagemaker_header_length(content_type: str | None) -> int | None:
 
 def decode_infer_request(
     body: bytes, *, header_length: int | None = None, content_encoding: str | None = None,
-    max_bytes: int = MAX_BODY_BYTES,
+    max_bytes: int = MAX_BODY_BYTES, fast_json_min_bytes: int | None = FAST_MIN_BYTES,
 ) -> InferRequest:
     """Parse a v2 infer request (JSON, or JSON header + binary tensors when header_length).
 
-    Binary inputs become read-only views over `body`; JSON inputs are converted once.
-    Every malformed detail is an InvalidInput whose message names the input or field; a
-    compressed body that inflates past `max_bytes` is PayloadTooLarge.
+    Binary inputs become read-only views over `body`; JSON inputs are converted once: a plain
+    JSON body of at least `fast_json_min_bytes` (None: never) first tries
+    serving.json_numbers, which reads numeric `data` straight into numpy and hands anything
+    unusual back to orjson. Every malformed detail is an InvalidInput whose message names the
+    input or field; a compressed body that inflates past `max_bytes` is PayloadTooLarge.
     """
     if content_encoding:
         body = decompress(body, content_encoding, limit=max_bytes)
@@ -115,10 +119,15 @@ def decode_infer_request(
             )
         header = body[:header_length]  # a small copy; orjson parses bytes faster than a view
         offset = header_length
-    try:
-        doc = orjson.loads(header)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+    doc = None
+    if header_length is None and fast_json_min_bytes is not None \
+            and end >= fast_json_min_bytes:
+        doc = load_numeric_json(body)
+    if doc is None:
+        try:
+            doc = orjson.loads(header)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidInput(f"request body is not valid JSON: {exc}") from None
     if type(doc) is not dict:
         raise InvalidInput("request body must be a JSON object")
 
@@ -224,9 +233,11 @@ def _json_input(name: str, datatype: str, dtype: np.dtype, shape: list[int],
     """The input's JSON 'data', converted once and checked against the shape."""
     if data is _MISSING:
         raise InvalidInput(f"input '{name}' has neither 'data' nor binary_data_size")
-    if type(data) is not list:
+    if type(data) is Numbers:  # serving.json_numbers read it; only numeric datatypes get here
+        array = _json_numeric(data, datatype, dtype, name)
+    elif type(data) is not list:
         raise InvalidInput(f"input '{name}': 'data' must be a list")
-    if datatype == "BYTES":
+    elif datatype == "BYTES":
         array = _json_bytes(data, name)
     elif datatype in _BINARY_ONLY:
         raise InvalidInput(f"input '{name}': {datatype} is only accepted as binary data")
@@ -240,13 +251,18 @@ def _json_input(name: str, datatype: str, dtype: np.dtype, shape: list[int],
     return array.reshape(shape)
 
 
-def _json_numeric(data: list, datatype: str, dtype: np.dtype, name: str) -> np.ndarray:
+def _json_numeric(data: list | Numbers, datatype: str, dtype: np.dtype,
+                  name: str) -> np.ndarray:
     """Convert JSON numbers, refusing what numpy would silently coerce (strings, null, 1.5 as
     an integer, 300 as UINT8): let numpy infer first, then check kind and range."""
-    try:
-        inferred = np.asarray(data)
-    except ValueError as exc:  # ragged nesting
-        raise InvalidInput(f"input '{name}': 'data' is not a regular array ({exc})") from None
+    if type(data) is Numbers:
+        inferred = data.array()  # int64 or float64, as numpy would infer from the lists
+    else:
+        try:
+            inferred = np.asarray(data)
+        except ValueError as exc:  # ragged nesting
+            raise InvalidInput(
+                f"input '{name}': 'data' is not a regular array ({exc})") from None
     if inferred.dtype == dtype:
         return inferred
     if inferred.size == 0:

@@ -25,9 +25,60 @@ def _raw_response(status: str, message: str) -> bytes:
                      b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body), body])
 
 
+class _CoalescingTransport:
+    """The connection's transport, but a response's head and body leave in one send.
+
+    uvicorn writes the status line and headers, then the body: two write(2) calls per answer,
+    each one a trip through the loopback stack that wakes the client. This holds a write that
+    finds nothing held and sends it together with the next one (writelines: one writev); a
+    callback at the end of the loop tick sends what is still held, so a lone write (a 100
+    Continue, a streamed response waiting for its next chunk) is only late by that tick.
+    """
+
+    __slots__ = ("_transport", "_loop", "_held")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is None:
+            self._held = data
+            self._loop.call_soon(self.flush)
+        else:
+            self._held = None
+            self._transport.writelines((held, data))
+
+    def flush(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            if not self._transport.is_closing():
+                self._transport.write(held)
+
+    def writelines(self, chunks) -> None:
+        self.flush()
+        self._transport.writelines(chunks)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_extra_info(self, name: str, default=None):
+        return self._transport.get_extra_info(name, default)
+
+    def __getattr__(self, name: str):  # pause_reading, abort, ...: the real transport's
+        return getattr(self._transport, name)
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """HttpToolsProtocol plus a header deadline (408), a header size cap (431) and a
-    connection cap (503).
+    connection cap (503); an answer's head and body leave in one send (_CoalescingTransport).
 
     Per request it adds one check after each read: is a request's head still incomplete
     (uvicorn's scope has no "method" until on_headers_complete)? A request that arrives in one
@@ -40,7 +91,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     draining = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        HttpToolsProtocol.connection_made(self, transport)
+        HttpToolsProtocol.connection_made(self, _CoalescingTransport(transport, self.loop))
         limits = type(self).limits
         if limits is None:
             limits = type(self).limits = RequestLimits.from_env()

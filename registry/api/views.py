@@ -39,7 +39,12 @@ from registry.api.serializers import (
     VersionSerializer,
     VersionUploadSerializer,
 )
-from registry.api.uploads import StoreUploadHandler, discard_refused_blobs, remember_blob
+from registry.api.uploads import (
+    StoreUploadHandler,
+    discard_refused_blobs,
+    received_writer,
+    remember_blob,
+)
 from registry.audit import Actor
 from registry.convergence import wait_for_revision
 from registry.errors import InvalidRequest, LifecycleError, PayloadTooLarge
@@ -230,7 +235,9 @@ class VersionRawUploadView(DiscardsRefusedUpload, APIView):
         `metadata`, `metrics`, `lineage`: query parameters, or headers X-Model-Metadata,
         X-Model-Metrics, X-Model-Lineage."""
         _check_uploadable(request, name)
-        blob = default_store().writer().read_from(request._request.read).finish()
+        writer = received_writer(request._request) or \
+            default_store().writer().read_from(request._request.read)
+        blob = writer.finish()
         remember_blob(request._request, blob)
         with background.unsent_tasks() as unsent:
             version, created = services.version_upload(

@@ -3,9 +3,10 @@ store's tmp/ folder, or an open multipart upload in an object store); the period
 collection sweeps it once it is older than the grace (an upload in progress keeps writing, so
 its temp stays fresh), and removes nothing else.
 
-Under uvicorn, Django spools the request body to an unnamed temporary file first (gone with the
-process); the store's own temp exists while the view hashes the body into the store. The spec
-kills the real console process inside that window, on each store backend."""
+Under uvicorn, a raw PUT's body goes into the store's own temp (tmp/upload-* in the folder, a
+multipart upload under tmp/ in an object store) while it arrives (console.asgi), which exists
+until the view has stored it. The spec kills the real console process inside that window, on each
+store backend."""
 
 import os
 import threading

@@ -4,6 +4,7 @@ the queue is bounded, a failing batch fails only its own callers."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -268,3 +269,77 @@ def test_stats_account_for_queue_and_compute_time(mlp):
     assert inf["success"]["ns"] >= inf["queue"]["ns"]
     assert t["inference_count"] == sum(len(x) for x in xs)
     assert t["last_inference"] > 0
+
+
+class Recording:
+    """A run function that notes which thread ran each batch; `pause` seconds per run."""
+
+    def __init__(self, pause: float = 0.0) -> None:
+        self.pause = pause
+        self.threads: list[int] = []
+
+    def __call__(self, feeds):
+        self.threads.append(threading.get_ident())
+        if self.pause:
+            time.sleep(self.pause)
+        return {"y": feeds["x"] * 2}
+
+
+def one_by_one(b: DynamicBatcher, n: int) -> tuple[int, list]:
+    """n requests in a row on one event loop: its thread id and every answer."""
+    async def main():
+        answers = [await b.infer({"x": np.full((1, 2), i, np.float32)}) for i in range(n)]
+        return threading.get_ident(), answers
+    return asyncio.run(main())
+
+
+def test_a_quick_model_runs_on_the_event_loop_once_its_runs_are_measured():
+    run = Recording()
+    b = DynamicBatcher(run, BatchingConfig(max_batch_size=8), VersionStats("m", "1"))
+    loop_thread, answers = one_by_one(b, 40)
+    assert run.threads[0] != loop_thread  # the first run, not yet measured, goes to a thread
+    assert loop_thread in run.threads[1:]  # a model this quick skips the hand-off
+    assert b.runs_inline
+    assert [a["y"].tolist() for a in answers] == [[[2.0 * i] * 2] for i in range(40)]
+    assert b.stats.execution_count == 40 and b.stats.success_count == 40
+
+
+def test_a_slow_model_stays_in_the_worker_threads():
+    run = Recording(pause=0.002)  # 2 ms a run, several times the inline bound
+    b = DynamicBatcher(run, BatchingConfig(max_batch_size=8), VersionStats("m", "1"))
+    loop_thread, _ = one_by_one(b, 6)
+    assert loop_thread not in run.threads and not b.runs_inline
+
+
+def test_a_model_that_turns_slow_goes_back_to_the_worker_threads():
+    run = Recording()
+    b = DynamicBatcher(run, BatchingConfig(max_batch_size=8), VersionStats("m", "1"))
+
+    async def main():
+        for _ in range(20):
+            await b.infer({"x": np.ones((1, 2), np.float32)})
+        quick = b.runs_inline
+        run.pause = 0.005
+        for _ in range(6):
+            await b.infer({"x": np.ones((1, 2), np.float32)})
+        return quick, threading.get_ident()
+
+    quick, loop_thread = asyncio.run(main())
+    assert quick and not b.runs_inline
+    assert run.threads[-1] != loop_thread
+
+
+def test_a_failing_batch_on_the_event_loop_fails_only_its_own_callers(lookup):
+    b = batcher(lookup, max_batch_size=1)
+    for i in range(5):  # measured quick: later batches run on the loop
+        asyncio.run(b.infer({"idx": np.array([i], np.int64)}))
+    assert b.runs_inline
+
+    async def main():
+        return await asyncio.gather(
+            *(b.infer({"idx": np.array([i], np.int64)}) for i in [1, 99, 2]),
+            return_exceptions=True)
+
+    ok1, bad, ok2 = asyncio.run(main())
+    assert isinstance(bad, Exception)
+    assert ok1["y"].tolist() == [[4.0, 5.0, 6.0, 7.0]] and ok2["y"].tolist() == [[8, 9, 10, 11]]
