@@ -185,7 +185,13 @@ class ObservedState:
 
 @runtime_checkable
 class DesiredStateSource(Protocol):
-    """Where a replica learns what to run (the registry) and reports what it runs."""
+    """Where a replica learns what to run (the registry) and reports what it runs.
+
+    A source may also offer `fetch_artifact(spec) -> None` (not part of the protocol, so
+    sources without one still are sources): put the version's artifact at `spec.artifact_path`
+    (from an object store, into this host's cache) before it loads. Blocking (a loader thread).
+    Raises LoadFailed (serving.reconciler) when the artifact is missing or wrong: that version
+    fails; any other error (the store not answering) is tried again at the next poll."""
 
     def revision(self) -> int:
         """The newest route revision; cheap, called on every poll."""
@@ -206,12 +212,6 @@ class DesiredStateSource(Protocol):
 
     def request_unload(self, model: str, authorization: str | None = None) -> None:
         """v2 repository extension: stop serving `model`; raises as request_load does."""
-
-    def fetch_artifact(self, spec: VersionSpec) -> None:
-        """Optional: put the version's artifact at `spec.artifact_path` (from an object store,
-        into this host's cache) before it loads. Blocking (runs in a loader thread). Raises
-        LoadFailed (serving.reconciler) when the artifact is missing or wrong: that version
-        fails; any other error (the store not answering) is tried again at the next poll."""
 
     def leave(self, replica: str) -> None:
         """The replica stopped gracefully (its last call): forget it rather than report it
