@@ -27,7 +27,8 @@ from serving.pipeline_graph import (
     parse_end,
 )
 from serving.reconciler import Reconciler
-from serving.routes import BatchingConfig, DesiredState, ModelRoute, ObservedState, VersionSpec
+from serving.routes import BatchingConfig, DesiredState, ModelRoute, VersionSpec
+from tests.inprocess_replica import StaticSource
 
 SPEC = {"steps": [{"name": "double", "model": "scaler", "version": 1},
                   {"name": "sum", "model": "adder", "version": 1}],
@@ -35,24 +36,6 @@ SPEC = {"steps": [{"name": "double", "model": "scaler", "version": 1},
                   {"from": "x", "to": "sum.b"}, {"from": "sum.sum", "to": "y"}]}
 X = [[1.0, 2.0, 3.0, 4.0], [0.5, -1.0, 0.0, 10.0]]
 
-
-class Source:
-    """A DesiredStateSource holding one desired state (no database, no folder)."""
-
-    def __init__(self, state: DesiredState) -> None:
-        self.state = state
-
-    def revision(self) -> int:
-        return self.state.revision
-
-    def fetch(self) -> DesiredState:
-        return self.state
-
-    def report(self, observed: ObservedState) -> None:
-        self.observed = observed
-
-    def subscribe(self, callback) -> None:
-        pass
 
 
 def model_spec(tmp: Path, model: str, data: bytes, *, max_batch_size: int = 8,
@@ -83,7 +66,7 @@ def desired(route: ModelRoute, *specs: VersionSpec) -> DesiredState:
 
 async def replica(state: DesiredState):
     dataplane = DataPlane(replica="t1")
-    reconciler = Reconciler(Source(state), dataplane, poll_seconds=60, heartbeat_seconds=60,
+    reconciler = Reconciler(StaticSource(state), dataplane, poll_seconds=60, heartbeat_seconds=60,
                             intra_op_threads=1)
     await reconciler.reconcile()
     app = ServingApp(dataplane, reconciler, ServingSettings())

@@ -26,6 +26,7 @@ from serving.reconciler import Reconciler
 from serving.response_cache import ENTRY_OVERHEAD_BYTES, ResponseCache, request_key
 from serving.routes import BatchingConfig, DesiredState, ModelRoute, VersionSpec
 from serving.sources import RepositorySource
+from tests.inprocess_replica import StaticSource
 
 
 def two_outputs() -> bytes:
@@ -49,24 +50,6 @@ def spec(tmp_path, model: str, version: str, data: bytes, *, cache: bool = True)
         batching=BatchingConfig(max_batch_size=8), intra_op_threads=1, response_cache=cache)
 
 
-class Source:
-    """A DesiredStateSource the test sets by hand."""
-
-    def __init__(self, state: DesiredState) -> None:
-        self.state = state
-
-    def revision(self) -> int:
-        return self.state.revision
-
-    def fetch(self) -> DesiredState:
-        return self.state
-
-    def report(self, observed) -> None:
-        pass
-
-    def subscribe(self, callback) -> None:
-        pass
-
 
 def state(revision: int, routes: dict[str, ModelRoute], *specs: VersionSpec) -> DesiredState:
     return DesiredState(revision, routes, {s.key: s for s in specs})
@@ -75,7 +58,7 @@ def state(revision: int, routes: dict[str, ModelRoute], *specs: VersionSpec) -> 
 class Replica:
     """DataPlane + Reconciler + the ASGI app in-process, driven through httpx."""
 
-    def __init__(self, source: Source, *, cache_bytes: int = 1 << 20) -> None:
+    def __init__(self, source: StaticSource, *, cache_bytes: int = 1 << 20) -> None:
         self.dataplane = DataPlane(replica="c1", response_cache_bytes=cache_bytes)
         self.reconciler = Reconciler(source, self.dataplane, poll_seconds=60,
                                      heartbeat_seconds=60, intra_op_threads=1)
@@ -150,7 +133,7 @@ X = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
 
 def test_an_identical_request_is_answered_from_the_cache_without_touching_the_batcher(tmp_path):
     v1 = spec(tmp_path, "m", "1", samples.mlp(seed=0))
-    replica = Replica(Source(state(1, {"m": ModelRoute("m", stable="1")}, v1)))
+    replica = Replica(StaticSource(state(1, {"m": ModelRoute("m", stable="1")}, v1)))
 
     async def main():
         await replica.reconciler.reconcile()
@@ -182,7 +165,7 @@ def test_an_identical_request_is_answered_from_the_cache_without_touching_the_ba
 
 def test_a_different_input_misses_and_gets_its_own_answer(tmp_path):
     v1 = spec(tmp_path, "m", "1", samples.mlp(seed=0))
-    replica = Replica(Source(state(1, {"m": ModelRoute("m", stable="1")}, v1)))
+    replica = Replica(StaticSource(state(1, {"m": ModelRoute("m", stable="1")}, v1)))
 
     async def main():
         await replica.reconciler.reconcile()
@@ -207,7 +190,7 @@ def test_a_different_input_misses_and_gets_its_own_answer(tmp_path):
 def test_json_binary_and_a_different_requested_output_share_one_entry_and_answer_alike(tmp_path):
     data = two_outputs()
     v1 = spec(tmp_path, "two", "1", data)
-    replica = Replica(Source(state(1, {"two": ModelRoute("two", stable="1")}, v1)))
+    replica = Replica(StaticSource(state(1, {"two": ModelRoute("two", stable="1")}, v1)))
     x = np.array([[-2.0, -0.5, 0.25, 3.0]], np.float32)
 
     async def main():
@@ -235,7 +218,7 @@ def test_json_binary_and_a_different_requested_output_share_one_entry_and_answer
 
 def test_text_inputs_and_outputs_are_cached_by_their_bytes(tmp_path):
     v1 = spec(tmp_path, "text", "1", samples.identity(TensorProto.STRING, ["batch", 2]))
-    replica = Replica(Source(state(1, {"text": ModelRoute("text", stable="1")}, v1)))
+    replica = Replica(StaticSource(state(1, {"text": ModelRoute("text", stable="1")}, v1)))
 
     def request(words: list[str]) -> dict:
         return {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "BYTES", "data": words}]}
@@ -258,7 +241,7 @@ def test_text_inputs_and_outputs_are_cached_by_their_bytes(tmp_path):
 def test_a_new_version_never_answers_from_an_old_versions_entry(tmp_path):
     old, new = samples.mlp(seed=0), samples.mlp(seed=1)
     v1, v2 = spec(tmp_path, "m", "1", old), spec(tmp_path, "m", "2", new)
-    source = Source(state(1, {"m": ModelRoute("m", stable="1")}, v1))
+    source = StaticSource(state(1, {"m": ModelRoute("m", stable="1")}, v1))
     replica = Replica(source)
 
     async def main():
@@ -312,7 +295,7 @@ def test_the_cache_is_off_unless_a_version_asks_and_the_replica_has_a_budget(tmp
         return replica.loaded(model, "1").batcher.requests
 
     async def main():
-        replica = Replica(Source(state(1, routes, plain, asking)))
+        replica = Replica(StaticSource(state(1, routes, plain, asking)))
         await replica.reconciler.reconcile()
         assert await twice(replica, "m") == 2  # a version that did not ask runs every time
         assert await twice(replica, "k") == 1
@@ -325,7 +308,7 @@ def test_the_cache_is_off_unless_a_version_asks_and_the_replica_has_a_budget(tmp
         assert st["inference_stats"]["cache_hit"] == {"count": 0, "ns": 0}
         await replica.reconciler.stop()
         # A replica with no budget (MMC_RESPONSE_CACHE_BYTES=0) runs every request.
-        replica = Replica(Source(state(1, routes, plain, asking)), cache_bytes=0)
+        replica = Replica(StaticSource(state(1, routes, plain, asking)), cache_bytes=0)
         await replica.reconciler.reconcile()
         assert await twice(replica, "k") == 2
         assert ("nv_cache_num_hits_per_model", "k:1") not in await replica.metrics()
