@@ -69,7 +69,7 @@ RANGES = {r.key: r for r in (
     ChartRange("15m", "15 min", 900, 0, 0, "2s"),  # one point per bucket
     ChartRange("1h", "1 hour", 3600, 0, 10, "5s"),
     ChartRange("6h", "6 hours", 6 * 3600, 1, 60, "30s"),
-    ChartRange("24h", "24 hours", 24 * 3600, 1, 300, "60s"),
+    ChartRange("24h", "24 hours", 24 * 3600, 2, 600, "60s"),  # the 10-minute tier: 144 points
     ChartRange("7d", "7 days", 7 * 24 * 3600, 2, 1800, "60s"),
 )}
 MAX_POINTS = 360  # a 308 px plot shows no more
