@@ -301,8 +301,7 @@ class DataPlane:
         activity = self.activity.get(model)
         if activity is None:
             activity = self.activity[model] = [0, monotonic()]
-        activity[0] += 1
-        activity[1] = monotonic()
+        activity[0] += 1  # in flight: never idle, so the last-request time is set at the end
         try:
             return await self._infer(model, version, request, table, route, routing_key)
         finally:
@@ -311,7 +310,7 @@ class DataPlane:
 
     async def _infer(self, model: str, version: str | None, request: InferRequest,
                      table: RouteTable, route: ModelRoute, routing_key: str | None,
-                     ) -> tuple[bytes, dict[str, str], LoadedVersion]:
+                     ) -> tuple[dict[str, np.ndarray], LoadedVersion]:
         pinned = version is not None
         if not pinned:
             version = route.pick(routing_key)
