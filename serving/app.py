@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from serving import siblings
 from serving.codec import decode_infer_request, sagemaker_header_length
 from serving.compression import MAX_BODY_BYTES, decompress
 from serving.dataplane import DataPlane
@@ -34,7 +35,7 @@ from serving.ratelimit import DEFAULT_SYNC_SECONDS, Admission, quota_store
 from serving.reconciler import Reconciler
 from serving.response_cache import DEFAULT_RESPONSE_CACHE_BYTES
 from serving.routes import DEFAULT_MAX_OUTPUT_BYTES, DesiredStateSource
-from serving.stats import ServingCollector, render_metrics
+from serving.stats import ServingCollector, VersionStats, render_metrics
 
 log = logging.getLogger(__name__)
 
@@ -111,12 +112,19 @@ class _Metrics:
 
     def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
-        self.collector = ServingCollector(dataplane.replica, dataplane.all_stats)
+        self.collector = ServingCollector(dataplane.replica, dataplane.all_stats,
+                                          siblings=self._sibling_stats)
+        self._others: list[dict] = []  # the other workers' files, read once per scrape
+
+    def _sibling_stats(self) -> list[tuple[str, list[VersionStats]]]:
+        return [(o["replica"], [VersionStats.from_state(s) for s in o["stats"]])
+                for o in self._others]
 
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         dp = self.dataplane
+        self._others = dp.siblings.others() if dp.siblings is not None else []
         yield from self.collector.collect()
         degraded = GaugeMetricFamily(
             "mmc_serving_degraded", "1 while the route source cannot be followed (the replica "
@@ -151,6 +159,9 @@ class _Metrics:
             labels=["model", "key", "replica"])
         for (model, key), n in list(admission.requests.items()):
             requests.add_metric([model, key, dp.replica], n)
+        for other in self._others:
+            for model, key, n in other["counters"].get("requests", ()):
+                requests.add_metric([model, key, other["replica"]], n)
         yield requests
         rejected = CounterMetricFamily(
             "mmc_predict_rejected", "Inference requests refused with 429, per predict key and "
@@ -158,6 +169,9 @@ class _Metrics:
             labels=["model", "key", "reason", "replica"])
         for (model, key, reason), n in list(admission.rejected.items()):
             rejected.add_metric([model, key, reason, dp.replica], n)
+        for other in self._others:
+            for model, key, reason, n in other["counters"].get("rejected", ()):
+                rejected.add_metric([model, key, reason, other["replica"]], n)
         yield rejected
         store_up = GaugeMetricFamily(
             "mmc_quota_store_up", "0 while the shared quota store (Redis) does not answer and "
@@ -198,6 +212,8 @@ class ServingApp:
                 self.dataplane.admission.start(lambda: self.dataplane.table.routes)
             if not self._started and self.settings.grpc_port is not None:
                 await self._start_grpc()
+            if not self._started and self.dataplane.siblings is not None:
+                self.dataplane.siblings.start()
             self._started = True
 
     async def _start_grpc(self) -> None:
@@ -207,7 +223,8 @@ class ServingApp:
         self.grpc = GrpcFront(
             self.dataplane, host=settings.grpc_host, port=settings.grpc_port,
             max_message_bytes=settings.max_body_bytes,
-            reuse_port=os.environ.get("MMC_SERVE_WORKERS", "1") != "1")
+            # one of several workers (serving.supervisor): each binds the port itself
+            reuse_port=os.environ.get("MMC_SERVE_WORKER_INDEX") is not None)
         await self.grpc.start()
 
     def begin_drain(self) -> None:
@@ -235,6 +252,8 @@ class ServingApp:
             await self.reconciler.stop()
         if self._started:
             await self.dataplane.admission.stop()
+        if self._started and self.dataplane.siblings is not None:
+            await self.dataplane.siblings.stop()
         self._started = False
 
     # -- ASGI --------------------------------------------------------------------------------
@@ -301,6 +320,7 @@ class ServingApp:
                 _method(method, "GET")
                 key = _api_key(scope["headers"])  # a keyed model's details need its key too
                 if model == "stats" and n == 4:
+                    await dp.fresh_statistics()
                     return await _json(send, 200, dp.model_stats(None, None, api_key=key))
                 if action == "":
                     return await _json(send, 200,
@@ -311,6 +331,7 @@ class ServingApp:
                 if action == "config":
                     return await _json(send, 200, dp.model_config(model, version, api_key=key))
                 if action == "stats":
+                    await dp.fresh_statistics()
                     return await _json(send, 200, dp.model_stats(model, version, api_key=key))
                 raise ModelNotFound(f"no such endpoint {path}")
             if section == "health" and n == 4:
@@ -334,6 +355,7 @@ class ServingApp:
             return await _json(send, 200 if ok else 503, body)
         elif head == "metrics" and n == 2:
             _method(method, "GET")
+            await dp.fresh_statistics()
             body, content_type = render_metrics(self._metrics)
             return await _respond(send, 200, body, [(b"content-type", content_type.encode())])
         raise ModelNotFound(f"no such endpoint {path}")
@@ -483,11 +505,14 @@ def create_app(source: DesiredStateSource, *, replica: str,
     """The serving ASGI app over `source`; mount it at /v2, /ping, /invocations, /metrics.
     Lifespan startup starts the reconciler (or the first request does, if no lifespan)."""
     settings = settings or ServingSettings.from_env()
-    admission = Admission(store=quota_store(settings.quota_redis_url),
+    admission = Admission(store=quota_store(settings.quota_redis_url,
+                                            workers_folder=siblings.shared_folder()),
                           sync_seconds=settings.quota_sync_seconds)
     dataplane = DataPlane(replica=replica, max_output_bytes=settings.max_output_bytes,
                           admission=admission,
                           response_cache_bytes=settings.response_cache_bytes)
+    dataplane.siblings = siblings.from_environment(replica, dataplane.all_stats,
+                                                   counters=admission.counters)
     reconciler = Reconciler(
         source, dataplane, poll_seconds=settings.poll_seconds,
         heartbeat_seconds=settings.heartbeat_seconds,

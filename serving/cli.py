@@ -20,6 +20,8 @@ import time
 
 import uvicorn
 
+from serving import supervisor
+
 _ENV_REPO = "MMC_SERVE_MODEL_REPOSITORY"
 _ENV_REGISTRY = "MMC_SERVE_REGISTRY"
 _ENV_REPLICA = "MMC_SERVE_REPLICA"
@@ -65,6 +67,10 @@ def refuse_new_connections(listener) -> bool:
     return True
 
 
+#: A worker takes a second signal this soon after the first for the same one (see handle_exit).
+REPEAT_SECONDS = 1.0
+
+
 class DrainingServer(uvicorn.Server):
     """On SIGTERM: stop saying ready and answer with `Connection: close` until no connection
     is open or `drain_seconds` passed; then uvicorn's shutdown (stop accepting, finish what
@@ -81,8 +87,14 @@ class DrainingServer(uvicorn.Server):
         self.drain_seconds = drain_seconds
         self.drain_until: float | None = None
         self._answered = 0  # requests answered by the drain's previous tick
+        self._signalled_at: float | None = None
 
     def handle_exit(self, sig, frame) -> None:
+        now = time.monotonic()
+        if (self._signalled_at is not None and now - self._signalled_at < REPEAT_SECONDS
+                and supervisor.is_worker()):
+            return  # one stop told twice: to the process group, and passed on by the supervisor
+        self._signalled_at = now
         if self.should_exit:  # already stopping: a further signal forces it
             self.force_exit = True
         draining = self.drain_until is not None
@@ -106,8 +118,9 @@ class DrainingServer(uvicorn.Server):
     async def shutdown(self, sockets=None) -> None:
         """Let the kernel take no new connection, accept the ones it already took (the loop
         does, given a moment), then uvicorn's shutdown closes the listener with nothing queued
-        behind it (closing a listener resets what waits in its queue)."""
-        if not self.force_exit:
+        behind it (closing a listener resets what waits in its queue). One of several workers
+        does so only if it is the last to close: the others still answer on the port."""
+        if not self.force_exit and supervisor.last_to_close():
             held = [refuse_new_connections(s) for server in self.servers
                     for s in server.sockets or ()]
             if any(held):
@@ -128,19 +141,20 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def serve(app, *, serving=None, **options) -> None:
+def serve(app, *, serving=None, sockets=None, **options) -> None:
     """Run the ASGI `app` on uvicorn (`options`: uvicorn.Config's) with the drain on SIGTERM.
     `serving` is the ServingApp inside it (default: `app` itself); its readiness goes 503 at
     the signal and its settings.drain_seconds (MMC_DRAIN_SECONDS) bound the window. For any
     process that serves this data plane: mmc-serve, and the embedded console
-    (`serve(console.asgi.application, serving=console.asgi.serving_app, ...)`)."""
+    (`serve(console.asgi.application, serving=console.asgi.serving_app, ...)`). `sockets`: an
+    already bound listener to serve on (a worker of serving.supervisor) instead of host:port."""
     from serving.app import DEFAULT_DRAIN_SECONDS
 
     serving = app if serving is None else serving
     seconds = getattr(getattr(serving, "settings", None), "drain_seconds", DEFAULT_DRAIN_SECONDS)
     server = DrainingServer(uvicorn.Config(app, **options), app=serving, drain_seconds=seconds)
     try:
-        server.run()
+        server.run(sockets=sockets)
     except KeyboardInterrupt:  # the SIGINT uvicorn re-raises after its shutdown
         pass
     if not server.started:
@@ -166,13 +180,16 @@ def use_grpc_arguments(args) -> None:
 
 
 def app_from_env():
-    """App factory for uvicorn workers (--workers > 1 re-imports the app in each process)."""
+    """The app as the environment describes it (main() writes it; a supervised worker reads
+    what its supervisor's main() wrote). Worker i of several reports as replica `<id>-w<i>`:
+    stable across the worker's restarts, so its successor takes over its row."""
     from serving.app import create_app
 
     source = _source(os.environ.get(_ENV_REPO), os.environ.get(_ENV_REGISTRY) == "1")
     replica = os.environ.get(_ENV_REPLICA) or socket.gethostname()
-    if os.environ.get("MMC_SERVE_WORKERS", "1") != "1":
-        replica = f"{replica}-{os.getpid()}"
+    index = os.environ.get(supervisor.ENV_WORKER_INDEX)
+    if index is not None:
+        replica = f"{replica}-w{index}"
     return create_app(source, replica=replica)
 
 
@@ -186,15 +203,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--replica", default=None, help="replica id (default: the host name)")
-    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument(
+        "--workers", default=os.environ.get(supervisor.ENV_WORKERS) or "auto",
+        help="serving processes on the one port, each with its own copy of every model: a "
+             "number, or 'auto' (default, $MMC_SERVE_WORKERS): one per usable CPU, at most "
+             f"{supervisor.AUTO_MAX_WORKERS}, one on a GPU host")
     parser.add_argument("--log-level", default="warning")
     add_grpc_arguments(parser)
     args = parser.parse_args(argv)
 
     if args.model_repository and not os.path.isdir(args.model_repository):
         parser.error(f"--model-repository {args.model_repository}: not a directory")
+    try:
+        workers = supervisor.resolve_workers(args.workers)
+    except ValueError as exc:
+        parser.error(str(exc))
     os.environ[_ENV_REPLICA] = args.replica or socket.gethostname()
-    os.environ["MMC_SERVE_WORKERS"] = str(args.workers)
     use_grpc_arguments(args)
     if args.registry:
         os.environ[_ENV_REGISTRY] = "1"
@@ -204,10 +228,23 @@ def main(argv: list[str] | None = None) -> None:
     options = dict(host=args.host, port=args.port, loop="uvloop", http=_PROTOCOL,
                    lifespan="on", access_log=False, log_level=args.log_level,
                    timeout_graceful_shutdown=5)
-    if args.workers > 1:  # uvicorn's supervisor builds its own Servers: no drain window
-        uvicorn.run("serving.cli:app_from_env", factory=True, workers=args.workers, **options)
-    else:
-        serve(app_from_env(), **options)
+    if workers > 1:
+        from serving.app import ServingSettings
+
+        # Each worker: this same command as one process on the supervisor's socket.
+        command = [sys.executable, "-m", "serving.cli", *(argv if argv is not None
+                                                           else sys.argv[1:]), "--workers", "1"]
+        drain = ServingSettings.from_env().drain_seconds
+        raise SystemExit(supervisor.run_workers(
+            command, workers, host=args.host, port=args.port,
+            stop_timeout=drain + options["timeout_graceful_shutdown"] + 15,
+            log_level=args.log_level))
+    serve(app_from_env(), sockets=_listeners(), **options)
+
+
+def _listeners() -> list[socket.socket] | None:
+    listener = supervisor.inherited_listener()
+    return [listener] if listener is not None else None
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from time import monotonic, perf_counter_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -47,6 +47,9 @@ from serving.routes import (
 from serving.runtime import OnnxRuntime
 from serving.signature import validate_inputs, validate_outputs
 from serving.stats import VersionStats
+
+if TYPE_CHECKING:
+    from serving.siblings import Siblings
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +158,8 @@ class DataPlane:
         self.table: RouteTable = EMPTY_TABLE
         self.started = False  # a first route table has been installed
         self.draining = False  # shutting down: not ready, still answering (serving.cli)
+        # the other workers of this server (serving.siblings), when it runs several
+        self.siblings: Siblings | None = None
         self.degraded: str | None = None  # why the source cannot be followed right now
         self.shadow: dict[str, ShadowStats] = {}
         self.source: DesiredStateSource | None = None  # set by the reconciler
@@ -458,6 +463,11 @@ class DataPlane:
 
     # -- statistics and repository -----------------------------------------------------------
 
+    async def fresh_statistics(self) -> None:
+        """Before statistics are answered: the other workers' counters as of now."""
+        if self.siblings is not None:
+            await self.siblings.refresh()
+
     def model_stats(self, model: str | None, version: str | None, *,
                     api_key: str | None = None) -> dict:
         table = self.table
@@ -476,7 +486,10 @@ class DataPlane:
         else:
             self._keyed(model, api_key)
             lvs = table.versions_of(model)
-        answer: dict[str, Any] = {"model_stats": [lv.stats.to_triton() for lv in lvs]}
+        stats = [lv.stats for lv in lvs]
+        if self.siblings is not None:  # one of several workers: their counts too
+            stats = self.siblings.merge(stats)
+        answer: dict[str, Any] = {"model_stats": [s.to_triton() for s in stats]}
         if model is not None and model in self.shadow:
             answer["shadow"] = self.shadow[model].to_json()
         return answer

@@ -167,6 +167,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     @_answers
     async def ModelStatistics(self, request, context):
         caller = _Caller(context.invocation_metadata())
+        await self.dataplane.fresh_statistics()
         stats = self.dataplane.model_stats(request.name or None, request.version or None,
                                            api_key=caller.api_key)
         return json_format.ParseDict(stats, pb.ModelStatisticsResponse(),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -206,21 +207,71 @@ class RedisQuotaStore:
         self.client.close()
 
 
+class WorkersQuotaStore:
+    """Counts in a SQLite file shared by the workers of one `mmc-serve --workers N` without
+    Redis (serving/supervisor.py's folder): one day's count per server, not per process.
+    Synced like Redis (in the background, every MMC_QUOTA_SYNC_SECONDS)."""
+
+    inline = False
+
+    def __init__(self, path: str) -> None:
+        import sqlite3
+
+        self._db = sqlite3.connect(path, timeout=REDIS_TIMEOUT_SECONDS, isolation_level=None,
+                                   check_same_thread=False)
+        self._lock = threading.Lock()
+        with self._lock:
+            self._db.execute("CREATE TABLE IF NOT EXISTS quota (key TEXT PRIMARY KEY, "
+                             "n INTEGER NOT NULL)")
+
+    def add(self, increments: dict[str, int], ttl: int,
+            watch: Iterable[str] = ()) -> dict[str, int]:
+        keys = [*increments, *(k for k in watch if k not in increments)]
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    "INSERT INTO quota VALUES (?, ?) ON CONFLICT (key) DO UPDATE "
+                    "SET n = n + excluded.n", list(increments.items()))
+                totals = self._read(keys)
+            finally:
+                self._db.execute("COMMIT")
+        return totals
+
+    def read(self, keys: list[str]) -> dict[str, int]:
+        with self._lock:
+            return self._read(keys)
+
+    def _read(self, keys: list[str]) -> dict[str, int]:
+        found = dict(self._db.execute(
+            f"SELECT key, n FROM quota WHERE key IN ({','.join('?' * len(keys))})", keys))
+        return {k: found.get(k, 0) for k in keys}
+
+    def close(self) -> None:
+        self._db.close()
+
+
+QuotaStore = LocalQuotaStore | RedisQuotaStore | WorkersQuotaStore
 #: This process's in-process counts (the embedded mode's console reads them).
 PROCESS_STORE = LocalQuotaStore()
 
 
 def quota_store(redis_url: str, *, timeout: float = REDIS_TIMEOUT_SECONDS,
-                ) -> LocalQuotaStore | RedisQuotaStore:
-    """Where daily counts live: Redis when there is one (clustered), else this process."""
-    return RedisQuotaStore(redis_url, timeout=timeout) if redis_url else PROCESS_STORE
+                workers_folder: str = "") -> QuotaStore:
+    """Where daily counts live: Redis when there is one (clustered), else the file the workers
+    of one server share (`workers_folder`), else this process."""
+    if redis_url:
+        return RedisQuotaStore(redis_url, timeout=timeout)
+    if workers_folder:
+        return WorkersQuotaStore(os.path.join(workers_folder, "quota.sqlite3"))
+    return PROCESS_STORE
 
 
 class QuotaCounter:
     """What this replica knows of each day's counts: the cluster's total at the last sync
     (`known`) plus what it admitted since (`pending`)."""
 
-    def __init__(self, store: LocalQuotaStore | RedisQuotaStore,
+    def __init__(self, store: QuotaStore,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.clock = clock
@@ -285,7 +336,7 @@ class Admission:
     """Decides, per request, whether an endpoint's and its key's limits let it in, and counts
     requests and rejections per key for /metrics."""
 
-    def __init__(self, *, store: LocalQuotaStore | RedisQuotaStore | None = None,
+    def __init__(self, *, store: QuotaStore | None = None,
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
                  sync_seconds: float = DEFAULT_SYNC_SECONDS) -> None:
@@ -300,6 +351,11 @@ class Admission:
         self._stopping: asyncio.Event | None = None
         self._syncing = False
         self._day_number, self._day = -1, ""
+
+    def counters(self) -> dict:
+        """The per-key request and refusal counts as JSON (for the other workers' /metrics)."""
+        return {"requests": [[m, k, n] for (m, k), n in list(self.requests.items())],
+                "rejected": [[m, k, r, n] for (m, k, r), n in list(self.rejected.items())]}
 
     def admit(self, model: str, endpoint: Limits, key: PredictKey | None) -> None:
         """Let the request in (taking its tokens and counting it) or raise RateLimited; nothing

@@ -72,6 +72,15 @@ def quantiles_from_bucket_rows(bounds_s: Sequence[float], rows: np.ndarray,
     return np.where(total > 0, value, np.nan)
 
 
+#: VersionStats fields that add up across processes.
+_SUMMED = (
+    "success_count", "success_ns", "fail_count", "fail_ns", "queue_count", "queue_ns",
+    "compute_input_count", "compute_input_ns", "compute_infer_count", "compute_infer_ns",
+    "compute_output_count", "compute_output_ns", "inference_count", "execution_count",
+    "pending", "latency_sum_ns", "cache_hit_count", "cache_hit_ns", "cache_miss_count",
+    "cache_miss_ns", "cold_starts", "cold_start_sum_s")
+
+
 class VersionStats:
     """Cumulative counters for one loaded model version (Triton statistics extension names).
 
@@ -178,6 +187,48 @@ class VersionStats:
         self.cold_start_sum_s += seconds
         self.cold_start_last_s = seconds
         self.cold_start_at = time.time()
+
+    # -- across processes (serving/siblings.py) ----------------------------------------------
+
+    def to_state(self) -> dict:
+        """Every field as plain JSON (the batch table as [size, runs, input, infer, output])."""
+        state = {name: getattr(self, name) for name in self.__slots__ if name != "batch_stats"}
+        state["batch_stats"] = [[size, *b] for size, b in self.batch_stats.items()]
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict) -> VersionStats:
+        stats = cls(state["model"], state["version"])
+        for name in cls.__slots__:
+            if name in state and name != "batch_stats":
+                setattr(stats, name, state[name])
+        stats.batch_stats = {int(row[0]): list(row[1:]) for row in state.get("batch_stats", ())}
+        return stats
+
+    @classmethod
+    def merged(cls, parts: Sequence[VersionStats]) -> VersionStats:
+        """One version's counters summed over processes (the workers of one server): counts,
+        times, batch table and histogram add up; the latest inference and cold start win."""
+        first = parts[0]
+        if len(parts) == 1:
+            return first
+        total = cls(first.model, first.version)
+        for name in _SUMMED:
+            setattr(total, name, sum(getattr(p, name) for p in parts))
+        total.latency_counts = [sum(c) for c in zip(*(p.latency_counts for p in parts),
+                                                     strict=True)]
+        total.since = min(p.since for p in parts)
+        total.last_inference_ms = max(p.last_inference_ms for p in parts)
+        total.cached = any(p.cached for p in parts)
+        for p in parts:
+            for size, b in p.batch_stats.items():
+                row = total.batch_stats.setdefault(size, [0, 0, 0, 0])
+                for i, v in enumerate(b):
+                    row[i] += v
+        latest = max(parts, key=lambda p: p.cold_start_at or 0)
+        total.cold_start_last_s, total.cold_start_at = latest.cold_start_last_s, \
+            latest.cold_start_at
+        return total
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -294,9 +345,12 @@ class ServingCollector:
     version disappears from /metrics without anyone unregistering anything.
     """
 
-    def __init__(self, replica: str, stats_provider: Callable[[], Iterable[VersionStats]]):
+    def __init__(self, replica: str, stats_provider: Callable[[], Iterable[VersionStats]],
+                 siblings: Callable[[], Iterable[tuple[str, list[VersionStats]]]] | None = None):
         self.replica = replica
         self.stats_provider = stats_provider
+        # the other workers of this server (serving/siblings.py): (replica, their stats)
+        self.siblings = siblings
 
     def describe(self) -> list[Metric]:
         """Nothing up front: keeps registration from calling the provider before it is ready."""
@@ -304,7 +358,10 @@ class ServingCollector:
 
     def collect(self) -> Iterator[Metric]:
         """Yield Triton-named counters, the pending gauge and our latency histogram."""
-        all_stats = list(self.stats_provider())
+        groups = [(self.replica, list(self.stats_provider()))]
+        if self.siblings is not None:
+            groups += self.siblings()
+        all_stats = [(replica, s) for replica, stats in groups for s in stats]
         counters = {name: Metric(name, doc, "counter")
                     for name, (doc, _) in _TRITON_COUNTERS.items()}
         cache_counters = {name: Metric(name, doc, "counter")
@@ -316,9 +373,9 @@ class ServingCollector:
             "mmc_inference_request_duration_seconds",
             "Latency of successful inference requests, queue and compute included",
             labels=_LABELS)
-        for s in all_stats:
-            labels = {"model": s.model, "version": s.version, "replica": self.replica}
-            values = [s.model, s.version, self.replica]
+        for replica, s in all_stats:
+            labels = {"model": s.model, "version": s.version, "replica": replica}
+            values = [s.model, s.version, replica]
             for name, (_, read) in _TRITON_COUNTERS.items():
                 # Exact sample name (no _total), as Triton exposes it.
                 counters[name].add_sample(name, labels, float(read(s)))
@@ -337,12 +394,12 @@ class ServingCollector:
                               "scaled-to-zero versions to load, in total", "counter")
         cold_last = GaugeMetricFamily("mmc_cold_start_last_seconds",
                                       "Duration of the latest cold start", labels=_LABELS)
-        for s in all_stats:
-            labels = {"model": s.model, "version": s.version, "replica": self.replica}
+        for replica, s in all_stats:
+            labels = {"model": s.model, "version": s.version, "replica": replica}
             cold.add_sample("mmc_cold_starts_total", labels, float(s.cold_starts))
             cold_seconds.add_sample("mmc_cold_start_seconds_total", labels, s.cold_start_sum_s)
             if s.cold_start_last_s is not None:
-                cold_last.add_metric([s.model, s.version, self.replica], s.cold_start_last_s)
+                cold_last.add_metric([s.model, s.version, replica], s.cold_start_last_s)
         yield from counters.values()
         yield from (m for m in cache_counters.values() if m.samples)
         yield pending

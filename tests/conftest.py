@@ -14,6 +14,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTERED = bool(os.environ.get("REDIS_URL"))
+# The specs that start `mmc-serve` describe one replica process (its replica id, its drain, a
+# kill -9 of it); `--workers auto` would make each a supervisor of several here. The specs of
+# several workers (tests/serving/test_workers.py) ask for them by name.
+os.environ.setdefault("MMC_SERVE_WORKERS", "1")
 
 
 def pytest_collection_modifyitems(config, items):

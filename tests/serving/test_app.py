@@ -54,7 +54,8 @@ class Server:
     """One mmc-serve subprocess on a free loopback port (and, with `grpc`, its gRPC front on
     another: `grpc_address`)."""
 
-    def __init__(self, repository: Path, *, grpc: bool = False, **env: str) -> None:
+    def __init__(self, repository: Path, *, grpc: bool = False, own_session: bool = False,
+                 **env: str) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = repository.parent / f"serve-{self.port}.log"
@@ -68,7 +69,8 @@ class Server:
         self.proc = subprocess.Popen(
             [*serve_command(), "--model-repository", str(repository), "--host", "127.0.0.1",
              "--port", str(self.port), "--replica", "test-r1", *extra],
-            env=full_env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
+            env=full_env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
+            start_new_session=own_session)
 
     def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.time() + timeout
