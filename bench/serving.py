@@ -36,6 +36,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -323,11 +324,11 @@ def setup_triton(work: Path, models: dict[str, Path], port: int, threads: int,
 
 
 def setup_ours(work: Path, models: dict[str, Path], port: int, threads: int,
-               checkout: Path | None = None, workers: int = 1) -> Launch:
+               checkout: Path | None = None, workers: int | None = None) -> Launch:
     """Our server on a model repository; from `checkout` (another tree of this repo) if given."""
     d = work / ("before" if checkout else "ours")
     for m, p in models.items():
-        (d / m / "1").mkdir(parents=True)
+        (d / m / "1").mkdir(parents=True, exist_ok=True)
         shutil.copy(p, d / m / "1" / "model.onnx")
         (d / m / "config.json").write_text(
             json.dumps({"max_batch_size": MAX_BATCH[m], "max_queue_delay_us": 0}))
@@ -336,7 +337,7 @@ def setup_ours(work: Path, models: dict[str, Path], port: int, threads: int,
     if checkout:
         cmd = [str(OUR_PY), "-c", "from serving.cli import main; main()"]
         env["PYTHONPATH"] = str(checkout)
-    if workers != 1:
+    if workers is not None:
         cmd += ["--workers", str(workers)]
     return Launch([*cmd, "--model-repository", str(d), "--host", "127.0.0.1", "--port", str(port)],
                   env)
@@ -458,11 +459,17 @@ def run_wrk(url: str, sc: Scenario, req: Request, seconds: float, cpus: str | No
     cmd = (["taskset", "-c", cpus] if cpus else []) + [
         "wrk", "-t1", f"-c{sc.conc}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
         "-s", str(script), url]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=seconds + 60)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     m = re.search(r"^BENCH_RESULT (\{.*\})$", p.stdout, re.M)
     if p.returncode != 0 or not m:
         raise ServerFailed(f"wrk failed ({p.returncode}): {p.stdout[-800:]} {p.stderr[-800:]}")
-    return json.loads(m.group(1))
+    res = json.loads(m.group(1))
+    # cores wrk itself used: near 1.0, the load generator (one thread) is the limit, not the server
+    res["wrk_cores"] = (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) \
+        / max(1, round(seconds))
+    return res
 
 
 # --------------------------------------------------------------------------------------------
@@ -479,6 +486,14 @@ def mode_scenarios(args) -> list[tuple[str, Scenario]]:
     """Every (mode, scenario) the table has a row group for, mode by mode."""
     return [(mode, replace(sc, name=f"{sc.name} {mode}")) for mode in args.modes
             for sc in args.scenarios]
+
+
+def sized_by_cpus(name: str, args) -> bool:
+    """Whether a server decides its process count from the CPUs it starts on (mmc-serve's
+    default --workers auto): started again under each mode's pinning, as a user would start
+    it on one core (one worker) or on the whole machine (one per CPU), rather than pinning
+    workers started for two cores onto one."""
+    return (name == "ours" and not args.ours_workers) or name == "before"
 
 
 def mode_cpus(args, mode: str) -> tuple[str | None, str | None]:
@@ -504,8 +519,12 @@ class Neighbours:
     other tenant of a busy host, the same one for every server's loads in the mode."""
 
     def __init__(self, count: int) -> None:
+        # Each in a session of its own, as another service on the host would be: with the
+        # kernel's autogroup scheduling (sched_autogroup_enabled) a neighbour left in the
+        # bench's session would share wrk's group and slow the load generator, not the servers.
         self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                                       stdin=subprocess.DEVNULL) for _ in range(count)]
+                                       stdin=subprocess.DEVNULL, start_new_session=True)
+                      for _ in range(count)]
 
     def stop(self) -> None:
         for p in self.procs:
@@ -634,7 +653,9 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
         f"- pinning: {pinning}",
         "- modes (the word after each scenario): " + "; ".join(
             f"{m}: {MODE_TITLES[m]}" + (f" ({args.neighbours})" if m == "busy" else "")
-            for m in args.modes) + f"; ours with --workers {args.ours_workers}",
+            for m in args.modes) + "; ours with " + (
+            f"--workers {args.ours_workers}" if args.ours_workers else "its default --workers")
+        + "; every server started unpinned (then pinned per mode)",
         f"- background: {args.background}",
         f"- load: wrk -t1, {args.duration:g} s per run after a {args.warmup:g} s warm-up, "
         f"loopback, one row per request; {args.rounds} round(s) per server and scenario, "
@@ -651,8 +672,9 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
     lines += [
         "## Servers", "",
         "| scenario | server | req/s | p50 ms | p99 ms | non-2xx | vs Triton | vs MLServer "
-        "| vs bare | vs raw ORT b1 / b8 | server CPU µs/req (vs Triton) | rounds req/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| vs bare | vs raw ORT b1 / b8 | server CPU µs/req (vs Triton) | wrk cores "
+        "| rounds req/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for _, sc in mode_scenarios(args):
         row = results.get(sc.name, {})
@@ -662,7 +684,7 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
                 continue
             v = row[srv]
             if isinstance(v, str):
-                lines.append(f"| {sc.name} | {srv} | {v} | | | | | | | | | |")
+                lines.append(f"| {sc.name} | {srv} | {v} | | | | | | | | | | |")
                 continue
             bad = v["non2xx"] + v["connect_err"] + v["read_err"] + v["write_err"] \
                 + v["timeout_err"]
@@ -677,6 +699,7 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
                 f"{v['p99_us'] / 1e3:.2f} | {err} | {fmt_ratio(v['rps'], rps.get('triton'))} | "
                 f"{fmt_ratio(v['rps'], rps.get('mlserver'))} | "
                 f"{fmt_ratio(v['rps'], rps.get('bare'))} | {vs_raw} | {fmt_cpu(v, row)} | "
+                f"{v.get('wrk_cores', float('nan')):.2f} | "
                 + ", ".join(f"{r:,.0f}" for r in v.get("rounds", [])) + " |")
     lines += ["", "Scenarios: " + "; ".join(f"`{s.name}` {s.title}" for s in args.scenarios),
               "Ratios are req/s of the row's server over the named peer's, same scenario, same "
@@ -684,7 +707,9 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
               "request (median of the rounds), which other tenants of a shared machine do not "
               "inflate the way they do req/s; in brackets Triton's over the row's (>1: less CPU "
               "per request than Triton). \"vs raw ORT\" = conv rows/s through the server over "
-              "raw onnxruntime rows/s at batch 1 and at batch 8 (the servers' max batch).", ""]
+              "raw onnxruntime rows/s at batch 1 and at batch 8 (the servers' max batch). "
+              "wrk cores: CPU wrk itself used in the kept round, in cores; near 1.00 its one "
+              "thread was the limit, whatever the server could do.", ""]
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines)
@@ -986,8 +1011,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "CPU-burning processes); every mode loads every server (default: all)")
     p.add_argument("--neighbours", type=int, default=1,
                    help="CPU-burning processes running through the busy mode's loads")
-    p.add_argument("--ours-workers", type=int, default=1,
-                   help="mmc-serve --workers for ours (before keeps one)")
+    p.add_argument("--ours-workers", default=None,
+                   help="mmc-serve --workers for ours (default: none given, mmc-serve's own "
+                        "default, as users run it); before keeps its own default")
     p.add_argument("--triton-delay-us", type=int, default=500,
                    help="Triton dynamic_batching max_queue_delay_microseconds")
     p.add_argument("--output", default=str(RESULTS), help="markdown file to write")
@@ -1017,7 +1043,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def start_server(name: str, setup, work: Path, args, notes: list[str],
-                 versions: dict[str, str]) -> Running | None:
+                 versions: dict[str, str], cpus: str | None = None) -> Running | None:
     log(f"[{name}] starting")
     if name == "ours" and not OUR_SERVE.exists():
         msg = f"ours skipped: {OUR_SERVE} does not exist (not built yet)"
@@ -1026,7 +1052,9 @@ def start_server(name: str, setup, work: Path, args, notes: list[str],
         return None
     port = free_port()
     try:
-        srv = Running(name, setup(port), port, work, args.server_cpus or None)
+        # Unpinned, as users start it (a server sizes its pools from the CPUs it sees); the mode
+        # loop pins it where a mode says (and starts ours again there: see sized_by_cpus).
+        srv = Running(name, setup(port), port, work, cpus)
     except ServerFailed as e:
         if name == "ours":
             msg = f"ours skipped: mmc-serve did not become ready: {e}"
@@ -1117,8 +1145,16 @@ def main() -> int:
                     if sc_mode != mode:  # re-pin the running servers, start/stop the neighbour
                         mode = sc_mode
                         server_cpus, wrk_cpus = mode_cpus(args, mode)
-                        for srv in running.values():
-                            pin_group(srv.proc.pid, server_cpus)
+                        for name in list(running):
+                            if sized_by_cpus(name, args):  # as a user starts it on these CPUs
+                                running[name].stop()
+                                srv = start_server(name, setups[name], work, args, notes,
+                                                   versions, server_cpus)
+                                if srv is None:
+                                    del running[name]
+                                    continue
+                                running[name] = srv
+                            pin_group(running[name].proc.pid, server_cpus)
                         if neighbours:
                             neighbours.stop()
                         neighbours = Neighbours(args.neighbours) if mode == "busy" else None
@@ -1153,6 +1189,7 @@ def main() -> int:
                             log(f"  round {rnd + 1} {name:9s} {res['rps']:10,.0f} req/s  p50 "
                                 f"{res['p50_us'] / 1e3:7.2f} ms  p99 {res['p99_us'] / 1e3:7.2f} "
                                 f"ms  non-2xx {res['non2xx']}  CPU {res['cpu_us']:,.0f} µs/req"
+                                f"  wrk {res['wrk_cores']:.2f} cores"
                                 + (f"  socket errors {bad - res['non2xx']}"
                                    if bad > res["non2xx"] else ""))
             finally:

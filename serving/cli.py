@@ -45,7 +45,7 @@ def _source(repository: str | None, registry: bool):
 
 log = logging.getLogger("uvicorn.error")
 
-_SO_ATTACH_FILTER = 26  # Linux <asm-generic/socket.h>
+_SO_ATTACH_FILTER, _SO_DETACH_FILTER = 26, 27  # Linux <asm-generic/socket.h>
 #: A classic BPF program of one instruction, `ret #0`: drop the packet.
 _DROP_ALL = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0))
 
@@ -55,14 +55,26 @@ def refuse_new_connections(listener) -> bool:
     already completed wait in the accept queue: closing a listener resets those, after their
     clients have sent a request. A dropped SYN is sent again a second later, and finds the next
     process listening, or a refusal it may retry. Linux only: False elsewhere or on failure."""
+    return _drop_filter(listener, True)
+
+
+def admit_new_connections(listener) -> bool:
+    """Undo refuse_new_connections: the kernel completes connections to `listener` again."""
+    return _drop_filter(listener, False)
+
+
+def _drop_filter(listener, drop: bool) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
         with socket.socket(fileno=os.dup(listener.fileno())) as sock:
-            program = struct.pack("HP", 1, ctypes.addressof(_DROP_ALL))
-            sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, program)
+            if drop:
+                program = struct.pack("HP", 1, ctypes.addressof(_DROP_ALL))
+                sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, program)
+            else:
+                sock.setsockopt(socket.SOL_SOCKET, _SO_DETACH_FILTER, 0)
     except OSError as exc:
-        log.warning("cannot hold off new connections before closing: %s", exc)
+        log.warning("cannot %s new connections: %s", "hold off" if drop else "admit", exc)
         return False
     return True
 
@@ -81,8 +93,13 @@ class DrainingServer(uvicorn.Server):
     A second signal stops at once (uvicorn's shutdown without the window); a third forces.
     """
 
-    def __init__(self, config, *, app=None, drain_seconds: float = 0.0) -> None:
+    def __init__(self, config, *, app=None, drain_seconds: float = 0.0,
+                 held: bool = False) -> None:
         super().__init__(config)
+        # Its sockets refuse new connections until the app is ready (a worker started again
+        # while the others serve: rather than answer "starting", it lets clients retry).
+        self.held = held
+        self._admit_task: asyncio.Task | None = None
         self.app = app  # the ServingApp (begin_drain), if known
         self.drain_seconds = drain_seconds
         self.drain_until: float | None = None
@@ -115,12 +132,27 @@ class DrainingServer(uvicorn.Server):
         log.info("SIGTERM: draining for at most %g s (%d connections open)",
                  self.drain_seconds, len(self.server_state.connections))
 
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.held and sockets:
+            self._admit_task = asyncio.get_running_loop().create_task(
+                self._admit_when_ready(sockets))
+
+    async def _admit_when_ready(self, sockets) -> None:
+        dataplane = getattr(self.app, "dataplane", None)
+        while dataplane is not None and not self.should_exit and not dataplane.ready()[0]:
+            await asyncio.sleep(0.05)
+        if not self.should_exit and self.drain_until is None:
+            for sock in sockets:
+                admit_new_connections(sock)
+
     async def shutdown(self, sockets=None) -> None:
         """Let the kernel take no new connection, accept the ones it already took (the loop
         does, given a moment), then uvicorn's shutdown closes the listener with nothing queued
-        behind it (closing a listener resets what waits in its queue). One of several workers
-        does so only if it is the last to close: the others still answer on the port."""
-        if not self.force_exit and supervisor.last_to_close():
+        behind it (closing a listener resets what waits in its queue). A worker's socket is its
+        own (SO_REUSEPORT): a new connection refused here is retried by its client and lands
+        on a worker still open."""
+        if not self.force_exit:
             held = [refuse_new_connections(s) for server in self.servers
                     for s in server.sockets or ()]
             if any(held):
@@ -141,7 +173,7 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def serve(app, *, serving=None, sockets=None, **options) -> None:
+def serve(app, *, serving=None, sockets=None, held: bool = False, **options) -> None:
     """Run the ASGI `app` on uvicorn (`options`: uvicorn.Config's) with the drain on SIGTERM.
     `serving` is the ServingApp inside it (default: `app` itself); its readiness goes 503 at
     the signal and its settings.drain_seconds (MMC_DRAIN_SECONDS) bound the window. For any
@@ -152,7 +184,8 @@ def serve(app, *, serving=None, sockets=None, **options) -> None:
 
     serving = app if serving is None else serving
     seconds = getattr(getattr(serving, "settings", None), "drain_seconds", DEFAULT_DRAIN_SECONDS)
-    server = DrainingServer(uvicorn.Config(app, **options), app=serving, drain_seconds=seconds)
+    server = DrainingServer(uvicorn.Config(app, **options), app=serving, drain_seconds=seconds,
+                            held=held)
     try:
         server.run(sockets=sockets)
     except KeyboardInterrupt:  # the SIGINT uvicorn re-raises after its shutdown
@@ -237,14 +270,13 @@ def main(argv: list[str] | None = None) -> None:
         drain = ServingSettings.from_env().drain_seconds
         raise SystemExit(supervisor.run_workers(
             command, workers, host=args.host, port=args.port,
-            stop_timeout=drain + options["timeout_graceful_shutdown"] + 15,
-            log_level=args.log_level))
-    serve(app_from_env(), sockets=_listeners(), **options)
-
-
-def _listeners() -> list[socket.socket] | None:
-    listener = supervisor.inherited_listener()
-    return [listener] if listener is not None else None
+            stop_timeout=drain + options["timeout_graceful_shutdown"] + 15))
+    sockets, held = None, supervisor.is_restart()
+    if supervisor.is_worker():  # one of several: its own socket on the shared port
+        sockets = [supervisor.reuse_port_listener(args.host, args.port)]
+        if held:  # the others serve meanwhile; this one takes connections once it can answer
+            refuse_new_connections(sockets[0])
+    serve(app_from_env(), sockets=sockets, held=held and sockets is not None, **options)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,18 @@
-"""`mmc-serve --workers N`: N serving processes on one listening socket, each with the drain.
+"""`mmc-serve --workers N`: N serving processes on one port, each with the drain.
 
 One event loop is one core at most: on a host shared with other busy processes the scheduler
 gives a single-threaded server less than a multi-threaded peer (bench/README.md). Several
 worker processes, each a whole `mmc-serve` with its own copy of every model, take the cores.
 
-The supervisor binds the HTTP socket once and hands it to every worker (the kernel spreads new
-connections over the processes accepting on it); each worker binds the gRPC port itself with
-SO_REUSEPORT. On SIGTERM or SIGINT it passes the signal on and waits: every worker runs its own
-drain (not ready, `Connection: close`, until quiet or MMC_DRAIN_SECONDS) and exits; a second
-signal is passed on too (the workers stop at once). A worker that dies unexpectedly is started
-again; one that keeps dying within seconds of its start stops the whole server (bad flags, a
-port in use, a broken model repository: a loop of restarts would only hide it).
+Each worker listens on the port itself with SO_REUSEPORT (HTTP and gRPC), so the kernel spreads
+connections over the workers by their addresses: about evenly. (One socket shared by every
+worker spread them as the accept race fell: 27 of 32 keep-alive connections on one worker, 5 on
+the other, and the crowded worker's answers waited.) On SIGTERM or SIGINT the supervisor passes
+the signal on and waits: every worker runs its own drain (not ready, `Connection: close`, until
+quiet or MMC_DRAIN_SECONDS), then refuses new connections on its socket and leaves the port to
+the others; a second signal is passed on too (the workers stop at once). A worker that dies
+unexpectedly is started again; one that keeps dying within seconds of its start stops the whole
+server (bad flags, a broken model repository: a loop of restarts would only hide it).
 
 The workers share a folder (MMC_SERVE_WORKER_DIR) where each publishes its statistics, so
 /metrics and the statistics APIs answer for all of them (serving/siblings.py).
@@ -33,10 +35,10 @@ from pathlib import Path
 
 log = logging.getLogger("uvicorn.error")
 
-ENV_LISTEN_FD = "MMC_SERVE_LISTEN_FD"
 ENV_WORKER_INDEX = "MMC_SERVE_WORKER_INDEX"
 ENV_WORKER_DIR = "MMC_SERVE_WORKER_DIR"
 ENV_WORKERS = "MMC_SERVE_WORKERS"
+ENV_RESTART = "MMC_SERVE_WORKER_RESTART"  # "1": a worker started again while the others serve
 #: `--workers auto` takes at most this many processes: each holds a copy of every model.
 AUTO_MAX_WORKERS = 4
 #: A worker that exits within this many seconds of its start counts as failing to start ...
@@ -99,11 +101,11 @@ class _Worker:
 
 @dataclass
 class Supervisor:
-    """Runs `command` (an mmc-serve command line without --workers) `count` times on `listener`."""
+    """Runs `command` (an mmc-serve command line with --workers 1) `count` times."""
 
     command: list[str]
     count: int
-    listener: socket.socket
+    address: str = ""  # host:port, for the log
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     stop_timeout: float = 60.0
     workers: list[_Worker] = field(default_factory=list)
@@ -120,24 +122,20 @@ class Supervisor:
             self.workers = [_Worker(i) for i in range(self.count)]
             for w in self.workers:
                 self._start(w)
-            log.info("mmc-serve: %d workers on %s (pids %s)", self.count,
-                     self.listener.getsockname(),
-                     ", ".join(str(w.process.pid) for w in self.workers if w.process))
+            log.warning("mmc-serve: %d workers on %s (pids %s)", self.count, self.address,
+                        ", ".join(str(w.process.pid) for w in self.workers if w.process))
             self._watch()
             return self._stop()
         finally:
-            self.listener.close()
             shutil.rmtree(self.folder, ignore_errors=True)
 
     def _start(self, w: _Worker) -> None:
-        env = {**self.env, ENV_LISTEN_FD: str(self.listener.fileno()),
-               ENV_WORKER_INDEX: str(w.index), ENV_WORKER_DIR: self.folder,
-               ENV_WORKERS: str(self.count)}
+        env = {**self.env, ENV_WORKER_INDEX: str(w.index), ENV_WORKER_DIR: self.folder,
+               ENV_WORKERS: str(self.count), ENV_RESTART: "1" if w.process else "0"}
         # In the supervisor's process group (a terminal's Ctrl-C, systemd or `kill -- -PGID`
         # reach the workers too; a worker takes the copy passed on within a second for the same
         # signal, serving.cli.DrainingServer.handle_exit).
-        w.process = subprocess.Popen(self.command, env=env, pass_fds=(self.listener.fileno(),),
-                                     preexec_fn=_die_with_parent)
+        w.process = subprocess.Popen(self.command, env=env, preexec_fn=_die_with_parent)
         w.started = time.monotonic()
         w.restart_at = None
 
@@ -202,48 +200,39 @@ def _signal(process: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def inherited_listener() -> socket.socket | None:
-    """In a worker: the supervisor's listening socket, if this process was started as one."""
-    fd = os.environ.get(ENV_LISTEN_FD)
-    if not fd:
-        return None
-    sock = socket.socket(fileno=int(fd))
+def is_worker() -> bool:
+    """Whether this process is one of a supervisor's workers."""
+    return os.environ.get(ENV_WORKER_INDEX) is not None
+
+
+def is_restart() -> bool:
+    """Whether this worker replaces one that died (the others are serving meanwhile)."""
+    return is_worker() and os.environ.get(ENV_RESTART) == "1"
+
+
+def reuse_port_listener(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A listening socket on host:port that other workers of this server share (SO_REUSEPORT);
+    OSError when the port is taken by anything else."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
     sock.setblocking(False)
     return sock
 
 
-def is_worker() -> bool:
-    """Whether this process is one of a supervisor's workers."""
-    return os.environ.get(ENV_LISTEN_FD) is not None
-
-
-def last_to_close() -> bool:
-    """In a stopping worker, about to close its copy of the shared listener: whether it is the
-    last of the workers to do so (True for a lone process). Only the last may make the kernel
-    refuse new connections (serving.cli.refuse_new_connections acts on the socket all share):
-    an idle worker ends its drain at once, while another still answers on the same port."""
-    folder, count = os.environ.get(ENV_WORKER_DIR), os.environ.get(ENV_WORKERS)
-    if not folder or not is_worker():
-        return True
-    import fcntl
-
-    try:
-        with open(os.path.join(folder, "closing"), "a+") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
-            f.seek(0)
-            before = len(f.read().split())
-            f.write(f"{os.getpid()}\n")
-    except OSError:
-        return True
-    return before + 1 >= int(count or 1)
-
-
 def run_workers(command: list[str], count: int, *, host: str, port: int,
-                stop_timeout: float, log_level: str = "warning") -> int:
-    """Bind host:port the way uvicorn does and supervise `count` workers on it."""
-    import uvicorn
-
-    listener = uvicorn.Config(app=None, host=host, port=port, log_level=log_level).bind_socket()
-    return Supervisor(command, count, listener, stop_timeout=stop_timeout).run()
-
-
+                stop_timeout: float) -> int:
+    """Supervise `count` workers on host:port; 1 at once if the port is taken."""
+    try:
+        reuse_port_listener(host, port).close()  # taken by another program: say so now
+    except OSError as exc:
+        log.error("mmc-serve: cannot listen on %s:%d: %s", host, port, exc)
+        return 1
+    return Supervisor(command, count, address=f"{host}:{port}", stop_timeout=stop_timeout).run()

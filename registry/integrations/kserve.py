@@ -43,7 +43,7 @@ if [ -d "$src" ]; then src=$(find "$src" -type f ! -name '.*' | head -n 1); fi
 dir="/tmp/mmc-repository/$MMC_MODEL_NAME/$MMC_MODEL_VERSION"
 mkdir -p "$dir"
 ln -sf "$src" "$dir/model.onnx"
-exec mmc-serve --model-repository /tmp/mmc-repository --host 0.0.0.0 --port 8080
+exec mmc-serve --model-repository /tmp/mmc-repository --host 0.0.0.0 --port 8080 --workers 1
 """
 
 
