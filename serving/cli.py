@@ -273,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
             stop_timeout=drain + options["timeout_graceful_shutdown"] + 15))
     sockets, held = None, supervisor.is_restart()
     if supervisor.is_worker():  # one of several: its own socket on the shared port
+        supervisor.follow_supervisor()
         sockets = [supervisor.reuse_port_listener(args.host, args.port)]
         if held:  # the others serve meanwhile; this one takes connections once it can answer
             refuse_new_connections(sockets[0])

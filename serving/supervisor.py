@@ -39,6 +39,7 @@ ENV_WORKER_INDEX = "MMC_SERVE_WORKER_INDEX"
 ENV_WORKER_DIR = "MMC_SERVE_WORKER_DIR"
 ENV_WORKERS = "MMC_SERVE_WORKERS"
 ENV_RESTART = "MMC_SERVE_WORKER_RESTART"  # "1": a worker started again while the others serve
+ENV_SUPERVISOR_PID = "MMC_SERVE_SUPERVISOR_PID"
 #: `--workers auto` takes at most this many processes: each holds a copy of every model.
 AUTO_MAX_WORKERS = 4
 #: A worker that exits within this many seconds of its start counts as failing to start ...
@@ -81,13 +82,15 @@ def resolve_workers(value: str) -> int:
     return n
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it if the supervisor dies (even by SIGKILL), so no
-    worker is left holding the port."""
+def follow_supervisor() -> None:
+    """In a worker, first thing: be sent SIGTERM (and so drain) if the supervisor dies, even by
+    SIGKILL, so no worker is left holding the port; exit now if it already has."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (AttributeError, OSError):
-        pass
+        return
+    if str(os.getppid()) != os.environ.get(ENV_SUPERVISOR_PID):
+        raise SystemExit(0)  # it died before the line above: nobody to serve for
 
 
 @dataclass
@@ -116,7 +119,7 @@ class Supervisor:
     def run(self) -> int:
         self.folder = tempfile.mkdtemp(prefix="mmc-serve-",
                                        dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda s, _f: self._signals.append(s))
         try:
             self.workers = [_Worker(i) for i in range(self.count)]
@@ -131,11 +134,12 @@ class Supervisor:
 
     def _start(self, w: _Worker) -> None:
         env = {**self.env, ENV_WORKER_INDEX: str(w.index), ENV_WORKER_DIR: self.folder,
-               ENV_WORKERS: str(self.count), ENV_RESTART: "1" if w.process else "0"}
+               ENV_WORKERS: str(self.count), ENV_RESTART: "1" if w.process else "0",
+               ENV_SUPERVISOR_PID: str(os.getpid())}
         # In the supervisor's process group (a terminal's Ctrl-C, systemd or `kill -- -PGID`
         # reach the workers too; a worker takes the copy passed on within a second for the same
         # signal, serving.cli.DrainingServer.handle_exit).
-        w.process = subprocess.Popen(self.command, env=env, preexec_fn=_die_with_parent)
+        w.process = subprocess.Popen(self.command, env=env)
         w.started = time.monotonic()
         w.restart_at = None
 
