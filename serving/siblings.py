@@ -68,9 +68,11 @@ class Siblings:
             log.debug("cannot publish worker statistics: %s", exc)
 
     def start(self) -> None:
-        self.publish()
         loop = asyncio.get_running_loop()
+        # Before the first file names this pid: a worker that reads it may signal at once, and
+        # SIGUSR1's default action would end this process.
         loop.add_signal_handler(signal.SIGUSR1, self.publish)  # another worker asks
+        self.publish()
         self._task = loop.create_task(self._loop())
 
     async def _loop(self) -> None:
@@ -102,10 +104,12 @@ class Siblings:
         """Ask every other worker for its counters now and wait (up to `timeout`) for them."""
         asked = {}
         for state in self._read():
+            if not _is_sibling(state["pid"]):
+                continue  # gone (its last file stands for what it answered), the pid reused
             try:
                 os.kill(state["pid"], signal.SIGUSR1)
             except (ProcessLookupError, PermissionError):
-                continue  # gone: its last file stands for what it answered
+                continue
             asked[state["replica"]] = state.get("seq", 0)
         deadline = time.monotonic() + timeout
         while asked and time.monotonic() < deadline:
@@ -133,6 +137,17 @@ class Siblings:
                 theirs.setdefault((state["model"], state["version"]), []).append(
                     VersionStats.from_state(state))
         return [VersionStats.merged([s, *theirs.get((s.model, s.version), ())]) for s in own]
+
+
+def _is_sibling(pid: int) -> bool:
+    """Whether `pid` is a live process of the same supervisor (never signal a stranger that
+    got a dead worker's pid)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rpartition(")")[2].split()
+    return fields[0] != "Z" and int(fields[1]) == os.getppid()
 
 
 def shared_folder() -> str:
