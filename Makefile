@@ -17,10 +17,10 @@ start: install          ## embedded mode on http://127.0.0.1:8000
 	$(BIN)/python manage.py start
 
 test: install           ## the whole suite (embedded unless DATABASE_URL/REDIS_URL are set)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 test-clustered: install ## the same suite on PostgreSQL + Redis + a real Celery worker
-	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS) $(BIN)/pytest -q
+	DATABASE_URL=$(PG_URL) REDIS_URL=$(REDIS) $(BIN)/pytest -q --durations=25
 
 lint: install
 	$(BIN)/ruff check .
