@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import time
 import types
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.utils import timezone
@@ -235,7 +235,9 @@ def frozen_second(monkeypatch) -> int:
 
 def _samples(version: int, *, now: int, replica: str, rps: int, errors_every: int,
              fast_bucket: int, buckets: int = 12) -> None:
-    """Cumulative samples one bucket (1 s in tests) apart, as a replica's heartbeats write."""
+    """Cumulative samples one bucket (1 s in tests) apart, as a replica's heartbeats write; each
+    written `at` its own bucket's second, whatever time writing them takes on a slow machine
+    (rates divide by the time between samples)."""
     count = errors = 0
     hist = [0] * (len(LATENCY_BUCKETS_S) + 1)
     for i in range(buckets):
@@ -245,7 +247,7 @@ def _samples(version: int, *, now: int, replica: str, rps: int, errors_every: in
         hist[fast_bucket] += rps - rps // errors_every
         MetricSample.objects.create(
             replica=replica, model_name="fraud", version=version, bucket=bucket,
-            at=timezone.now() - timedelta(seconds=buckets - i), count=count, errors=errors,
+            at=datetime.fromtimestamp(bucket, tz=UTC), count=count, errors=errors,
             latency_buckets=list(hist))
 
 
