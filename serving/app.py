@@ -117,8 +117,7 @@ class _Metrics:
         self._others: list[dict] = []  # the other workers' files, read once per scrape
 
     def _sibling_stats(self) -> list[tuple[str, list[VersionStats]]]:
-        return [(o["replica"], [VersionStats.from_state(s) for s in o["stats"]])
-                for o in self._others]
+        return siblings.stats_of(self._others)
 
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily

@@ -123,11 +123,6 @@ class Siblings:
         self.publish()
         return self._read()
 
-    def stats(self) -> list[tuple[str, list[VersionStats]]]:
-        """(replica, its VersionStats) of every other worker, for the Prometheus collector."""
-        return [(o["replica"], [VersionStats.from_state(s) for s in o["stats"]])
-                for o in self.others()]
-
     def merge(self, own: list[VersionStats]) -> list[VersionStats]:
         """`own` (this worker's stats of some versions), each summed with the other workers'
         counters of the same version."""
@@ -137,6 +132,11 @@ class Siblings:
                 theirs.setdefault((state["model"], state["version"]), []).append(
                     VersionStats.from_state(state))
         return [VersionStats.merged([s, *theirs.get((s.model, s.version), ())]) for s in own]
+
+
+def stats_of(others: list[dict]) -> list[tuple[str, list[VersionStats]]]:
+    """(replica, its VersionStats) of each worker file read by Siblings.others()."""
+    return [(o["replica"], [VersionStats.from_state(s) for s in o["stats"]]) for o in others]
 
 
 def _is_sibling(pid: int) -> bool:

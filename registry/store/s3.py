@@ -19,6 +19,7 @@ that do not match the digest.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -76,14 +77,21 @@ class S3BlobWriter(StreamWriter):
     def _put(self, chunk: bytes) -> None:
         self._buffer += chunk
         if len(self._buffer) >= PART:
-            try:
+            with self._aborting():
                 self._send_part()
-            except (BotoCoreError, ClientError) as exc:
-                self.abort()
-                raise self.store.unavailable(exc) from exc
-            except BaseException:
-                self.abort()
-                raise
+
+    @contextlib.contextmanager
+    def _aborting(self) -> Iterator[None]:
+        """Any failure inside aborts the upload (nothing half-written stays); an S3 failure is
+        raised as the store being unavailable."""
+        try:
+            yield
+        except (BotoCoreError, ClientError) as exc:
+            self.abort()
+            raise self.store.unavailable(exc) from exc
+        except BaseException:
+            self.abort()
+            raise
 
     def _send_part(self) -> None:
         """Hand the filled buffer to a sender thread, waiting while IN_FLIGHT parts are on
@@ -125,7 +133,7 @@ class S3BlobWriter(StreamWriter):
         s3, bucket = self.store.client, self.store.bucket
         sha = self.sha256
         key = self.store.blob_key(sha)
-        try:
+        with self._aborting():
             if self._upload_id is None:  # small: one PUT straight to its name
                 s3.put_object(Bucket=bucket, Key=key, Body=bytes(self._buffer))
             else:
@@ -140,12 +148,6 @@ class S3BlobWriter(StreamWriter):
                 s3.copy({"Bucket": bucket, "Key": self.tmp_key}, bucket, key, Config=COPY)
                 s3.delete_object(Bucket=bucket, Key=self.tmp_key)
                 self._tmp_object = False
-        except (BotoCoreError, ClientError) as exc:
-            self.abort()
-            raise self.store.unavailable(exc) from exc
-        except BaseException:
-            self.abort()
-            raise
         self._buffer = bytearray()
         return StoredBlob(sha256=sha, size=self.size)
 
