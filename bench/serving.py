@@ -6,6 +6,8 @@ One command, from the repository root (any Python >= 3.11; it creates its own pe
     python3 bench/serving.py [--duration 10] [--only raw,bare,mlserver,triton,ours]
                              [--scenarios mlp-json-c1,mlp-json-c32,conv-bin-c8,conv-json-c8]
     python3 bench/serving.py --grpc     (gRPC: ours and Triton, MLP c=32 and conv c=8, h2load)
+    python3 bench/serving.py --grpc --server-cpus "" --wrk-cpus "" [--modes busy]
+                                        (gRPC unpinned [beside --neighbours CPU burners])
 
 What it does (see /work/shared/BENCH.md for the why):
 - creates bench/.peers/venv (mlserver 1.7.1, nvidia-pytriton 0.7.0, onnxruntime, numpy, httptools)
@@ -883,6 +885,10 @@ def grpc_main(args) -> int:
                f"{args.wrk_cpus or '(none)'}; onnxruntime intra_op_num_threads="
                f"{args.ort_threads}; Triton dynamic batching {args.triton_delay_us} µs, max "
                f"batch mlp 32 / conv 8; ours max_batch_size 32 / 8, max_queue_delay_us 0")
+    busy = args.modes == ["busy"]
+    if busy:
+        pinning += (f"; busy: {args.neighbours} CPU-burning neighbour process(es) through "
+                    "every load")
     log(f"[bench] {machine()}")
     watch = CpuWatch()
     failed = False
@@ -899,6 +905,7 @@ def grpc_main(args) -> int:
         reqs = make_requests(work, models)
         bodies = grpc_bodies(work)
         running: dict[str, tuple[Running, str, int]] = {}
+        neighbours: Neighbours | None = None
         try:
             for name in GRPC_SERVERS:
                 log(f"[{name}] starting with gRPC")
@@ -924,6 +931,8 @@ def grpc_main(args) -> int:
                         notes.append(f"{name} {sc.name} FAILED: {str(e).splitlines()[0]}")
                         failed = True
                 log(f"  {name}: one tritonclient.grpc answer per scenario checked")
+            if busy:
+                neighbours = Neighbours(args.neighbours)
             for sc in GRPC_SCENARIOS:
                 log(f"[load] {sc.name}: {sc.title}")
                 for rnd in range(args.rounds):
@@ -958,6 +967,8 @@ def grpc_main(args) -> int:
                             f"{res['p50_us'] / 1e3:7.2f} ms  p99 {res['p99_us'] / 1e3:7.2f} ms"
                             f"  failed {res['failed']}")
         finally:
+            if neighbours is not None:
+                neighbours.stop()
             for srv, _, _ in running.values():
                 srv.stop()
     for row in results.values():

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import logging
 import os
 import signal
 import socket
-import struct
 import sys
 import time
 
 import uvicorn
 
-from serving import supervisor
+from serving import parking, supervisor
+from serving.supervisor import admit_new_connections
 
 _ENV_REPO = "MMC_SERVE_MODEL_REPOSITORY"
 _ENV_REGISTRY = "MMC_SERVE_REGISTRY"
@@ -44,40 +43,6 @@ def _source(repository: str | None, registry: bool):
 
 
 log = logging.getLogger("uvicorn.error")
-
-_SO_ATTACH_FILTER, _SO_DETACH_FILTER = 26, 27  # Linux <asm-generic/socket.h>
-#: A classic BPF program of one instruction, `ret #0`: drop the packet.
-_DROP_ALL = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0))
-
-
-def refuse_new_connections(listener) -> bool:
-    """Make the kernel drop new connection attempts (SYNs) to `listener` while the ones it
-    already completed wait in the accept queue: closing a listener resets those, after their
-    clients have sent a request. A dropped SYN is sent again a second later, and finds the next
-    process listening, or a refusal it may retry. Linux only: False elsewhere or on failure."""
-    return _drop_filter(listener, True)
-
-
-def admit_new_connections(listener) -> bool:
-    """Undo refuse_new_connections: the kernel completes connections to `listener` again."""
-    return _drop_filter(listener, False)
-
-
-def _drop_filter(listener, drop: bool) -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        with socket.socket(fileno=os.dup(listener.fileno())) as sock:
-            if drop:
-                program = struct.pack("HP", 1, ctypes.addressof(_DROP_ALL))
-                sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, program)
-            else:
-                sock.setsockopt(socket.SOL_SOCKET, _SO_DETACH_FILTER, 0)
-    except OSError as exc:
-        log.warning("cannot %s new connections: %s", "hold off" if drop else "admit", exc)
-        return False
-    return True
-
 
 #: A worker takes a second signal this soon after the first for the same one (see handle_exit).
 REPEAT_SECONDS = 1.0
@@ -105,6 +70,9 @@ class DrainingServer(uvicorn.Server):
         self.drain_until: float | None = None
         self._answered = 0  # requests answered by the drain's previous tick
         self._signalled_at: float | None = None
+        self.parked = False  # serving.parking: this worker has stopped listening
+        self._active_seen: int | None = None
+        self._parking_task: asyncio.Task | None = None
 
     def handle_exit(self, sig, frame) -> None:
         now = time.monotonic()
@@ -153,10 +121,7 @@ class DrainingServer(uvicorn.Server):
         own (SO_REUSEPORT): a new connection refused here is retried by its client and lands
         on a worker still open."""
         if not self.force_exit:
-            held = [refuse_new_connections(s) for server in self.servers
-                    for s in server.sockets or ()]
-            if any(held):
-                await asyncio.sleep(0.05)
+            await supervisor.stop_listening(self.servers)
         await super().shutdown(sockets)
 
     async def on_tick(self, counter: int) -> bool:
@@ -170,7 +135,60 @@ class DrainingServer(uvicorn.Server):
             self._answered = state.total_requests
             if quiet or time.monotonic() >= until:
                 self.should_exit = True
+        if counter % 10 == 0 and self.started and supervisor.is_worker():
+            self._follow_parking()
         return await super().on_tick(counter)
+
+    # -- parking (serving.parking): the supervisor says how many workers listen ---------------
+
+    def _follow_parking(self) -> None:
+        folder = os.environ.get(supervisor.ENV_WORKER_DIR, "")
+        active = parking.read_active(folder) if folder else None
+        busy = self._parking_task is not None and not self._parking_task.done()
+        if active is None or busy or self.drain_until is not None or self.should_exit:
+            return
+        listen = int(os.environ.get(supervisor.ENV_WORKER_INDEX, "0")) < active
+        loop = asyncio.get_running_loop()
+        if not listen and not self.parked:
+            self._parking_task = loop.create_task(self._park())
+        elif listen and self.parked:
+            self._parking_task = loop.create_task(self._unpark())
+        elif listen and self._active_seen is not None and active > self._active_seen:
+            self._let_go((active - self._active_seen) / active)  # room for the unparked
+        self._active_seen = active
+
+    async def _park(self) -> None:
+        self.parked = True
+        await supervisor.stop_listening(self.servers)
+        self.servers = []  # uvicorn's shutdown closes what is listening then: nothing here
+        grpc_front = getattr(self.app, "grpc", None)
+        if grpc_front is not None:
+            await grpc_front.park()
+        self._let_go(1.0)  # listening nowhere here now: the clients reconnect elsewhere
+        log.warning("worker %s parked: not listening while the host has no core to spare for it",
+                    os.environ.get(supervisor.ENV_WORKER_INDEX))
+
+    async def _unpark(self) -> None:
+        sock = supervisor.reuse_port_listener(self.config.host, self.config.port)
+        config, state, app_state = self.config, self.server_state, self.lifespan.state
+        server = await asyncio.get_running_loop().create_server(
+            lambda: config.http_protocol_class(config=config, server_state=state,
+                                               app_state=app_state),
+            sock=sock, backlog=config.backlog)
+        self.servers.append(server)
+        grpc_front = getattr(self.app, "grpc", None)
+        if grpc_front is not None:
+            await grpc_front.unpark()
+        self.parked = False
+        log.warning("worker %s listening again", os.environ.get(supervisor.ENV_WORKER_INDEX))
+
+    def _let_go(self, share: float) -> None:
+        """`share` of this worker's keep-alive connections close after their next answer."""
+        for connection in parking.share_of(list(self.server_state.connections), share):
+            connection.close_after_answer = True
+        grpc_front = getattr(self.app, "grpc", None)
+        if grpc_front is not None:
+            grpc_front.let_go(share)
 
 
 def serve(app, *, serving=None, sockets=None, held: bool = False, **options) -> None:
@@ -274,9 +292,8 @@ def main(argv: list[str] | None = None) -> None:
     sockets, held = None, supervisor.is_restart()
     if supervisor.is_worker():  # one of several: its own socket on the shared port
         supervisor.follow_supervisor()
-        sockets = [supervisor.reuse_port_listener(args.host, args.port)]
-        if held:  # the others serve meanwhile; this one takes connections once it can answer
-            refuse_new_connections(sockets[0])
+        # held: the others serve meanwhile; this one takes connections once it can answer
+        sockets = [supervisor.reuse_port_listener(args.host, args.port, refuse=held)]
     serve(app_from_env(), sockets=sockets, held=held and sockets is not None, **options)
 
 

@@ -50,13 +50,76 @@ def parameters(entries) -> dict:
     return out
 
 
-def decode_model_infer_request(request: pb.ModelInferRequest) -> InferRequest:
+#: From this size on a ModelInferRequest's raw_input_contents are left where they lie in the
+#: received message (memoryviews) instead of being copied by protobuf: below it, finding them
+#: costs more than the copy.
+SPLIT_FROM_BYTES = 64 << 10
+_RAW_INPUT_CONTENTS = 7  # ModelInferRequest's field number
+
+
+def parse_model_infer_request(data) -> tuple[pb.ModelInferRequest, list | None]:
+    """A received ModelInferRequest (bytes or a memoryview over the call's buffer) as
+    (message, raw_input_contents): for a large one the message is parsed without its
+    raw_input_contents, which come back as read-only views of `data`; None says "the
+    message's own". Anything odd on the wire falls back to protobuf's parse of the whole, so
+    its errors are protobuf's."""
+    if len(data) < SPLIT_FROM_BYTES:
+        return pb.ModelInferRequest.FromString(data), None
+    view = memoryview(data).toreadonly()
+    kept: list = []
+    raws: list = []
+    pos, size = 0, len(view)
+    try:
+        while pos < size:
+            start = pos
+            tag, pos = _varint(view, pos)
+            wire_type = tag & 7
+            if wire_type == 2:
+                length, pos = _varint(view, pos)
+                end = pos + length
+                if end > size:
+                    raise ValueError
+                if tag >> 3 == _RAW_INPUT_CONTENTS:
+                    raws.append(view[pos:end])
+                    pos = end
+                    continue
+            elif wire_type == 0:
+                end = _varint(view, pos)[1]
+            elif wire_type in (1, 5):
+                end = pos + (8 if wire_type == 1 else 4)
+            else:
+                raise ValueError
+            if end > size:
+                raise ValueError
+            kept.append(view[start:end])
+            pos = end
+    except (ValueError, IndexError):
+        return pb.ModelInferRequest.FromString(data), None
+    return pb.ModelInferRequest.FromString(b"".join(kept)), raws
+
+
+def _varint(view: memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = view[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError
+
+
+def decode_model_infer_request(request: pb.ModelInferRequest, raw=None) -> InferRequest:
     """Check and decode one request; every malformed detail is an InvalidInput naming it.
-    Raw inputs become read-only numpy views over the message's bytes (no copy)."""
+    Raw inputs become read-only numpy views over the message's bytes (no copy); `raw`, if
+    given, stands for its raw_input_contents (parse_model_infer_request)."""
     inputs = request.inputs
     if not inputs:
         raise InvalidInput("'inputs' must be a non-empty list")
-    raw = request.raw_input_contents
+    if raw is None:
+        raw = request.raw_input_contents
     if raw and len(raw) != len(inputs):
         raise InvalidInput(
             f"raw_input_contents has {len(raw)} entries but the request has {len(inputs)} "

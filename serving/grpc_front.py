@@ -1,6 +1,7 @@
 """The gRPC front: KServe v2 `inference.GRPCInferenceService` (with Triton's extensions that
-tritonclient.grpc calls) over the same DataPlane as the HTTP front, on grpcio's asyncio server
-in the HTTP server's event loop; plus gRPC health checking and server reflection.
+tritonclient.grpc calls) over the same DataPlane as the HTTP front, on serving.grpc_server (our
+HTTP/2 transport) in the HTTP server's event loop; plus gRPC health checking and server
+reflection, grpcio's own servicers.
 
 Like serving.app for HTTP, it only adapts: metadata carries what HTTP headers carry (predict key
 as `authorization: Bearer <key>` or `x-api-key`, `x-routing-key`, and `x-model-version` to pin
@@ -17,13 +18,18 @@ import logging
 import grpc
 from google.protobuf import json_format
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from tritonclient.grpc import model_config_pb2, service_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from serving.dataplane import DataPlane
 from serving.errors import InvalidInput, ModelNotFound, ReplicaStarting, ServingError
-from serving.grpc_codec import decode_model_infer_request, encode_model_infer_response
+from serving.grpc_codec import (
+    decode_model_infer_request,
+    encode_model_infer_response,
+    parse_model_infer_request,
+)
+from serving.grpc_server import GrpcServer
 
 log = logging.getLogger(__name__)
 
@@ -175,10 +181,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- inference ---------------------------------------------------------------------------
 
-    async def _infer(self, request: pb.ModelInferRequest, caller: _Caller):
+    async def _infer(self, request: pb.ModelInferRequest, caller: _Caller, raw=None):
         if not request.model_name:
             raise InvalidInput("model_name is required")
-        decoded = decode_model_infer_request(request)
+        decoded = decode_model_infer_request(request, raw)
         outputs, lv = await self.dataplane.predict(
             request.model_name, _version(request.model_version, caller), decoded,
             routing_key=caller.routing_key, api_key=caller.api_key)
@@ -189,7 +195,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_answers
     async def ModelInfer(self, request, context):
-        response, lv = await self._infer(request, _Caller(context.invocation_metadata()))
+        message, raw = request  # parse_model_infer_request's, registered in start()
+        response, lv = await self._infer(message, _Caller(context.invocation_metadata()), raw)
         # Trailing, not initial: sent with the answer and its status in one batch, where
         # send_initial_metadata costs a write of its own (~15% of a call's loop time).
         context.set_trailing_metadata(lv.grpc_version_metadata)
@@ -298,26 +305,27 @@ class GrpcFront:
         self.port = port
         self.max_message_bytes = max_message_bytes
         self.reuse_port = reuse_port
-        self.server: grpc.aio.Server | None = None
+        self.server: GrpcServer | None = None
         self.health = _Health(self._sync_health)
         self._watch: asyncio.Task | None = None
         self._draining = False
 
     async def start(self) -> None:
-        server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", self.max_message_bytes),
-            ("grpc.max_send_message_length", -1),  # the output budget bounds answers
-            ("grpc.so_reuseport", 1 if self.reuse_port else 0),  # a taken port fails loudly
-        ])
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceServicer(self.dataplane), server)
+        server = GrpcServer(max_receive_message_length=self.max_message_bytes)
+        servicer = InferenceServicer(self.dataplane)
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+        # ModelInfer's large raw inputs stay in the received buffer (no protobuf copy)
+        server.add_registered_method_handlers(SERVICE, {
+            "ModelInfer": grpc.unary_unary_rpc_method_handler(
+                servicer.ModelInfer, request_deserializer=parse_model_infer_request,
+                response_serializer=pb.ModelInferResponse.SerializeToString)})
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection(
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(
             (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME), server)
-        self.port = server.add_insecure_port(self.address)  # raises if it cannot bind
+             reflection.SERVICE_NAME)), server)
+        host, _, _ = self.address.rpartition(":")
+        self.port = await server.start(host, self.port, reuse_port=self.reuse_port)
         await self._sync_health()
-        await server.start()
         self.server = server
         self._watch = asyncio.create_task(self._follow_readiness())
         log.info("gRPC on %s", self.address)
@@ -340,6 +348,19 @@ class GrpcFront:
                 await self._sync_health()
             except Exception:  # noqa: BLE001 - keep following; the next tick tries again
                 log.exception("gRPC health update failed")
+
+    async def park(self) -> None:
+        """serving.parking: stop listening (the worker then lets the connections go)."""
+        if self.server is not None:
+            await self.server.stop_listening()
+
+    async def unpark(self) -> None:
+        if self.server is not None and not self.server.listening:
+            await self.server.listen()
+
+    def let_go(self, share: float) -> None:
+        if self.server is not None:
+            self.server.let_go(share)
 
     async def begin_drain(self) -> None:
         """SIGTERM: health says NOT_SERVING from now on; calls are still answered."""

@@ -20,6 +20,7 @@ The workers share a folder (MMC_SERVE_WORKER_DIR) where each publishes its stati
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import math
@@ -27,11 +28,15 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from serving import parking
 
 log = logging.getLogger("uvicorn.error")
 
@@ -114,6 +119,7 @@ class Supervisor:
     workers: list[_Worker] = field(default_factory=list)
     folder: str = ""
     _signals: list[int] = field(default_factory=list)
+    parking: parking.Parking | None = None
     _exit_code: int = 0
 
     def run(self) -> int:
@@ -123,6 +129,8 @@ class Supervisor:
             signal.signal(sig, lambda s, _f: self._signals.append(s))
         try:
             self.workers = [_Worker(i) for i in range(self.count)]
+            if self.count > 1 and parking.enabled():
+                self.parking = parking.Parking(self.folder, self.count)
             for w in self.workers:
                 self._start(w)
             log.warning("mmc-serve: %d workers on %s (pids %s)", self.count, self.address,
@@ -169,6 +177,9 @@ class Supervisor:
                 log.warning("mmc-serve: worker %d (pid %d) exited with status %s; starting it "
                             "again in %g s", w.index, w.process.pid, code, delay)
                 w.restart_at = now + delay
+            if self.parking is not None:
+                self.parking.tick([w.process.pid for w in self.workers
+                                   if w.process and w.restart_at is None])
             time.sleep(0.1)
 
     def _stop(self) -> int:
@@ -214,15 +225,64 @@ def is_restart() -> bool:
     return is_worker() and os.environ.get(ENV_RESTART) == "1"
 
 
-def reuse_port_listener(host: str, port: int, backlog: int = 2048) -> socket.socket:
+_SO_ATTACH_FILTER, _SO_DETACH_FILTER = 26, 27  # Linux <asm-generic/socket.h>
+#: A classic BPF program of one instruction, `ret #0`: drop the packet.
+_DROP_ALL = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0))
+
+
+def refuse_new_connections(listener) -> bool:
+    """Make the kernel drop new connection attempts (SYNs) to `listener` while the ones it
+    already completed wait in the accept queue: closing a listener resets those, after their
+    clients have sent a request. A dropped SYN is sent again a second later, and finds the next
+    process listening, or a refusal it may retry. Linux only: False elsewhere or on failure."""
+    return _drop_filter(listener, True)
+
+
+def admit_new_connections(listener) -> bool:
+    """Undo refuse_new_connections: the kernel completes connections to `listener` again."""
+    return _drop_filter(listener, False)
+
+
+def _drop_filter(listener, drop: bool) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        with socket.socket(fileno=os.dup(listener.fileno())) as sock:
+            if drop:
+                program = struct.pack("HP", 1, ctypes.addressof(_DROP_ALL))
+                sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, program)
+            else:
+                sock.setsockopt(socket.SOL_SOCKET, _SO_DETACH_FILTER, 0)
+    except OSError as exc:
+        log.warning("cannot %s new connections: %s", "hold off" if drop else "admit", exc)
+        return False
+    return True
+
+
+async def stop_listening(servers) -> None:
+    """Close asyncio listeners without resetting connections the kernel already completed:
+    refuse new ones first, let the loop take those queued, then close (shared by a parked
+    worker's HTTP and gRPC listeners, and a worker's shutdown)."""
+    if any([refuse_new_connections(sock) for server in servers for sock in server.sockets or ()]):
+        await asyncio.sleep(0.05)
+    for server in servers:
+        server.close()
+
+
+def reuse_port_listener(host: str, port: int, backlog: int = 2048, *,
+                        refuse: bool = False) -> socket.socket:
     """A listening socket on host:port that other workers of this server share (SO_REUSEPORT);
-    OSError when the port is taken by anything else."""
+    OSError when the port is taken by anything else. `refuse`: it drops new connection attempts
+    from its first moment (refuse_new_connections before listen: a connection the kernel
+    completed between the two would reach a worker that cannot answer yet)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
+        if refuse:
+            refuse_new_connections(sock)
         sock.listen(backlog)
     except OSError:
         sock.close()

@@ -103,7 +103,11 @@ def next_operation(model: str, rnd: random.Random) -> tuple[str, dict]:
 def test_fifty_random_operations_under_load_fail_no_request(engineer, ready_model, tmp_path):
     for seed in (1, 2, 3):
         ready_model("flip", samples.mlp(seed=seed))
-    with replicas(N, embedded=not CLUSTERED, log_dir=tmp_path, **QUIET) as reps:
+    # Embedded, the replica is a process of its own: the console's in-process push cannot reach
+    # it, so each of the fifty ?wait calls waits out its revision poll (1 s by default, 0.5 s in
+    # tests). Poll at 0.1 s; clustered replicas are pushed by Redis anyway.
+    with replicas(N, embedded=not CLUSTERED, log_dir=tmp_path, MMC_POLL_SECONDS="0.1",
+                  **QUIET) as reps:
         post(engineer, "flip", "deploy", {"version": 1})
         history = [(float("-inf"), float("-inf"), serving_set("flip"))]  # (called, returned, S)
         rnd, done = random.Random(5), []

@@ -13,6 +13,8 @@ import signal
 import sys
 import time
 from collections import Counter
+from http.client import HTTPConnection
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -27,7 +29,7 @@ pytestmark = pytest.mark.faults
 pytest.importorskip("uvloop", reason="mmc-serve runs on uvloop")
 pytest.importorskip("httptools", reason="mmc-serve runs on httptools")
 # Closing a listener resets the connections queued behind it; only on Linux does the replica
-# hold new ones off first (serving.cli.refuse_new_connections).
+# hold new ones off first (serving.supervisor.refuse_new_connections).
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the listener hand-over needs Linux socket filters")
 
@@ -109,6 +111,11 @@ def test_default_drain_stops_saying_ready_at_once_and_keeps_answering(deployed, 
     try:
         with faults.Load(replica.url) as load:
             wait_oks(load, 0, 20, replica)
+            # one keep-alive connection open and idle throughout: the window holds for it
+            # however slowly a starved load generator reconnects between its requests
+            idle = HTTPConnection(urlsplit(replica.url).netloc, timeout=5)
+            idle.request("GET", "/v2/health/live")
+            assert idle.getresponse().read() is not None
             started = time.monotonic()
             replica.proc.send_signal(signal.SIGTERM)
             time.sleep(0.3)
@@ -120,6 +127,7 @@ def test_default_drain_stops_saying_ready_at_once_and_keeps_answering(deployed, 
             assert infer.headers["connection"] == "close"
             replica.proc.wait(15)
             took = time.monotonic() - started
+            idle.close()
     finally:
         replica.stop()
     print(f"\ndefault drain under load: exited after {took:.2f} s, {len(load.drops)} drops")

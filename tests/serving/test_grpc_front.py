@@ -56,6 +56,8 @@ MODELS = {
     "mlp": [samples.mlp(seed=0), samples.mlp(seed=1)],
     "fixed": [samples.identity(TensorProto.FLOAT, [2, 3])],
     "secret": [samples.identity(TensorProto.FLOAT, ["batch", 4])],
+    "wide-fp32": [samples.identity(TensorProto.FLOAT, ["batch", "n"])],
+    "wide-bytes": [samples.identity(TensorProto.STRING, ["batch", "n"])],
     **{f"id-{dt.lower()}": [samples.identity(proto, ["batch", 4])]
        for dt, (proto, _) in DATATYPES.items()},
 }
@@ -209,6 +211,23 @@ def test_typed_contents_are_accepted_for_every_datatype_that_has_a_field(stub, d
         assert list(got.ravel()) == list(array.ravel())
     else:
         np.testing.assert_array_equal(got, array)
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "BYTES"])
+def test_a_request_over_the_split_size_round_trips_raw_and_typed(client, stub, datatype):
+    # past SPLIT_FROM_BYTES the raw tensors are read where they lie in the received buffer
+    n = 80_000  # 320 KB of FP32; 800 KB of BYTES
+    array = (np.arange(n, dtype=np.float32).reshape(1, n) if datatype == "FP32"
+             else np.array([b"%06d" % i for i in range(n)], dtype=object).reshape(1, n))
+    got = client.infer(f"wide-{datatype.lower()}", [_input("x", array, datatype)]).as_numpy("y")
+    assert got.shape == array.shape
+    assert (got == array).all()
+    if datatype == "FP32":  # typed contents of that size: no raw part to leave in place
+        contents = pb.InferTensorContents(fp32_contents=array.ravel().tolist())
+        response = stub.ModelInfer(pb.ModelInferRequest(model_name="wide-fp32", inputs=[
+            pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=array.shape,
+                                                  contents=contents)]))
+        np.testing.assert_array_equal(tgrpc.InferResult(response).as_numpy("y"), array)
 
 
 def test_pinning_by_model_version_or_metadata_and_the_answer_names_the_version(client, stub):

@@ -1,16 +1,20 @@
 """What a client reads from the serving protocol: every answer whole and in order, whether it
-leaves as one send (head and body together) or as several (a streamed body, a lone write)."""
+leaves as one send (head and body together) or as several (a streamed body, a lone write); and
+what the app reads: a body whole however many reads it arrived in."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
+import numpy as np
 import orjson
 import pytest
+from onnx import TensorProto
 
 from registry import samples
-from serving.protocol import _CoalescingTransport
+from serving.protocol import _Chunks, _CoalescingTransport
 from tests.serving.test_app import Server, write_model
 
 REQUEST = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32",
@@ -21,6 +25,7 @@ REQUEST = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 64], "datatype": "
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("writes") / "models"
     write_model(root, "mlp", "1", samples.mlp(), {"max_batch_size": 8})
+    write_model(root, "wide", "1", samples.identity(TensorProto.FLOAT, ["batch", "n"]))
     srv = Server(root)
     try:
         srv.wait_ready()
@@ -51,6 +56,54 @@ def read_answers(sock: socket.socket, count: int) -> list[tuple[bytes, dict]]:
         assert chunk, f"connection closed after {len(answers)} of {count} answers"
         buf += chunk
     return answers
+
+
+def test_a_large_body_sent_in_pieces_reaches_the_model_whole(server):
+    x = np.random.default_rng(3).standard_normal((1, 300_000)).astype(np.float32)  # 1.2 MB
+    head = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 300_000], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": x.nbytes}}],
+                         "outputs": [{"name": "y", "parameters": {"binary_data": True}}]})
+    body = head + x.tobytes()
+    request = (b"POST /v2/models/wide/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+               % (len(head), len(body)))
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(request)
+        for i in range(0, len(body), 150_001):  # pieces the server reads apart
+            sock.sendall(body[i:i + 150_001])
+            time.sleep(0.02)
+        answer = b""
+        while not _whole(answer):
+            chunk = sock.recv(1 << 20)
+            assert chunk, answer[:300]
+            answer += chunk
+    status, headers, payload = _parsed(answer)
+    assert status == b"HTTP/1.1 200 OK", answer[:300]
+    y = np.frombuffer(payload[int(headers[b"inference-header-content-length"]):], np.float32)
+    np.testing.assert_array_equal(y, x.ravel())
+
+
+def _parsed(answer: bytes) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    status, *lines = head.split(b"\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (li.partition(b":") for li in lines)}
+    return status, headers, payload
+
+
+def _whole(answer: bytes) -> bool:
+    if b"\r\n\r\n" not in answer:
+        return False
+    _, headers, payload = _parsed(answer)
+    return len(payload) >= int(headers[b"content-length"])
+
+
+def test_body_chunks_are_handed_on_without_copying_one_and_joined_when_several():
+    chunks = _Chunks()
+    first = bytes(range(256)) * 300
+    chunks += first
+    assert len(chunks) == len(first) and bytes(chunks) is first  # the very chunk: no copy
+    chunks += b"tail"
+    assert len(chunks) == len(first) + 4 and bytes(chunks) == first + b"tail"
 
 
 def test_pipelined_requests_get_whole_answers_in_their_order(server):

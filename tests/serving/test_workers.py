@@ -57,12 +57,20 @@ def repository(tmp_path: Path) -> Path:
     return root
 
 
+def wait_both_ready(server: Server) -> None:
+    server.wait_ready()
+    _wait(lambda: len(_children(server.proc.pid)) == 2, 30, "two workers")
+    # wait_ready saw one worker ready; the other may still be loading (a busy host): 16 new
+    # connections in a row ready (each lands on either worker) say both are
+    _wait(lambda: all(httpx.get(f"{server.url}/v2/health/ready", timeout=5).status_code
+                      == 200 for _ in range(16)), 60, "both workers ready")
+
+
 @pytest.fixture
 def two_workers(repository: Path):
     server = Server(repository, MMC_SERVE_WORKERS="2", MMC_DRAIN_SECONDS="2")
     try:
-        server.wait_ready()
-        _wait(lambda: len(_children(server.proc.pid)) == 2, 30, "two workers")
+        wait_both_ready(server)
         yield server
     finally:
         server.stop()
@@ -102,6 +110,26 @@ def test_a_worker_that_dies_is_started_again_and_the_port_keeps_answering(two_wo
     assert two_workers.proc.poll() is None
 
 
+def test_a_restarted_workers_socket_completes_no_connection_until_it_is_admitted():
+    """A restarted worker listens refusing from its first moment: a connection completed
+    before the refusal would wait in its queue and then be told "starting"."""
+    listener = supervisor.reuse_port_listener("127.0.0.1", 0, refuse=True)
+    port = listener.getsockname()[1]
+    try:
+        with pytest.raises(TimeoutError):  # the SYN is dropped: no handshake
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        with pytest.raises(BlockingIOError):  # and nothing waits in the accept queue
+            listener.accept()
+        assert supervisor.admit_new_connections(listener)
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            listener.setblocking(True)
+            listener.settimeout(5)
+            accepted, _ = listener.accept()
+            accepted.close()
+    finally:
+        listener.close()
+
+
 def test_sigterm_drains_every_worker_then_the_server_exits_0(two_workers):
     workers = _children(two_workers.proc.pid)
     client = httpx.Client(base_url=two_workers.url, timeout=10)  # one keep-alive connection
@@ -125,7 +153,7 @@ def test_a_stop_sent_to_the_whole_process_group_still_drains(repository: Path):
     which passes the signal on: each worker takes that for one stop, not a second (forcing)."""
     server = Server(repository, own_session=True, MMC_SERVE_WORKERS="2", MMC_DRAIN_SECONDS="2")
     try:
-        server.wait_ready()
+        wait_both_ready(server)
         client = httpx.Client(base_url=server.url, timeout=10)
         assert client.post("/v2/models/mlp/infer", json=BODY).status_code == 200
         os.killpg(server.proc.pid, signal.SIGTERM)
@@ -207,7 +235,7 @@ def test_a_daily_quota_counts_the_requests_of_every_worker(tmp_path: Path):
                 {"max_batch_size": 8, "limits": {"daily_quota": 6}})
     server = Server(root, MMC_SERVE_WORKERS="2", MMC_QUOTA_SYNC_SECONDS="0.05")
     try:
-        server.wait_ready()
+        wait_both_ready(server)
         codes = []
         for _ in range(14):  # new connections, slower than the sync: each worker knows the total
             with httpx.Client(base_url=server.url, timeout=10) as client:

@@ -1,0 +1,553 @@
+"""gRPC calls over serving.http2 connections, in the event loop that serves HTTP.
+
+It takes grpcio's own handler objects (`add_generic_rpc_handlers` /
+`add_registered_method_handlers`, which generated `add_*_to_server` functions call), so the
+KServe servicer, grpc health and reflection register on it unchanged, and hands each call a
+context with the grpc.aio.ServicerContext methods they use. The wire is the gRPC over HTTP/2
+protocol: length-prefixed messages (identity, gzip or deflate in), `grpc-timeout` deadlines,
+status and trailing metadata in the trailers, a trailers-only answer for an error before any
+message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import gzip
+import inspect
+import logging
+import socket
+import zlib
+
+import grpc
+
+from serving.http2 import Http2Connection, Stream, header_field, status_field
+from serving.parking import share_of
+from serving.supervisor import reuse_port_listener, stop_listening
+
+log = logging.getLogger(__name__)
+
+_OK = grpc.StatusCode.OK
+_HEADERS = (status_field(200) + header_field(b"content-type", b"application/grpc")
+            + header_field(b"grpc-accept-encoding", b"identity,deflate,gzip"))
+_STATUS_OK = header_field(b"grpc-status", b"0")
+_STATUS_UNKNOWN_CT = header_field(b"grpc-status", b"2") + header_field(
+    b"grpc-message", b"content-type must be application/grpc")
+_TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3,
+                  ord("u"): 1e-6, ord("n"): 1e-9}
+_DECOMPRESS = {b"gzip": gzip.decompress, b"deflate": zlib.decompress}
+#: Request headers that are the protocol's, not the caller's metadata.
+_RESERVED = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding",
+                       b"grpc-accept-encoding", b"connection"))
+_END = object()
+
+
+def _code(code: grpc.StatusCode) -> int:
+    return code.value[0]
+
+
+def _percent(text: str) -> bytes:
+    """grpc-message's percent-encoding: printable ASCII but '%' as is, the rest %XX."""
+    return b"".join(bytes((b,)) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b
+                    for b in text.encode())
+
+
+@functools.lru_cache(maxsize=512)
+def _metadata_block(metadata: tuple) -> bytes:
+    """Metadata as header fields (`-bin` keys base64, as the protocol wants); the same few
+    tuples (a version's `x-model-version`) come back on every call, hence the cache."""
+    out = []
+    for key, value in metadata:
+        key = key.lower()
+        if key.endswith("-bin"):
+            raw = value if isinstance(value, bytes) else value.encode()
+            out.append(header_field(key.encode(), base64.b64encode(raw).rstrip(b"=")))
+        else:
+            out.append(header_field(key.encode(), value.encode() if isinstance(value, str)
+                                    else bytes(value)))
+    return b"".join(out)
+
+
+def _timeout(value: bytes) -> float | None:
+    if 2 <= len(value) <= 9 and value[:-1].isdigit() and value[-1] in _TIMEOUT_UNITS:
+        return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
+    return None
+
+
+def _read_headers(headers: list) -> tuple:
+    """(path, method, content type, encoding, timeout, metadata) of a call's request headers."""
+    path = method = content_type = encoding = timeout = None
+    metadata = []
+    for name, value in headers:
+        if name[:1] == b":":
+            if name == b":path":
+                path = value.decode("latin-1")
+            elif name == b":method":
+                method = value
+        elif name == b"content-type":
+            content_type = value
+        elif name == b"grpc-timeout":
+            timeout = _timeout(value)
+        elif name == b"grpc-encoding":
+            encoding = value
+        elif name not in _RESERVED:
+            key = name.decode("latin-1")
+            if key.endswith("-bin"):
+                metadata.append((key, base64.b64decode(value + b"=" * (-len(value) % 4))))
+            else:
+                metadata.append((key, value.decode("latin-1")))
+    return path, method, content_type, encoding, timeout, tuple(metadata)
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class _Requests:
+    """A streaming call's request messages as an async iterator (the handler's
+    request_iterator)."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        item = await self.queue.get()
+        if item is _END:
+            self.queue.put_nowait(_END)  # a second reader ends too
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+class Call:
+    """One RPC on one stream, and its handler's context (the grpc.aio.ServicerContext
+    methods the servicers here call)."""
+
+    def __init__(self, server: GrpcServer, stream: Stream, handler, metadata: tuple,
+                 encoding: bytes | None, timeout: float | None) -> None:
+        self.server = server
+        self.stream = stream
+        self.handler = handler
+        self.metadata = metadata
+        self.encoding = encoding
+        self.body = bytearray()
+        self.size: int | None = None  # a unary call's message, prefix included, once known
+        self.filled = 0  # bytes of it received
+        self.requests: _Requests | None = _Requests() if handler.request_streaming else None
+        self.task: asyncio.Task | None = None
+        self.trailing: tuple = ()
+        self._code: grpc.StatusCode | None = None
+        self._details = ""
+        self.finished = False
+        self._cancelled = False
+        loop = stream.conn.loop
+        self.deadline = loop.time() + timeout if timeout is not None else None
+        self._timer = loop.call_at(self.deadline, self._deadline) if timeout is not None else None
+
+    # -- the context -------------------------------------------------------------------------
+
+    def invocation_metadata(self) -> tuple:
+        return self.metadata
+
+    def set_trailing_metadata(self, metadata) -> None:
+        self.trailing = tuple(metadata)
+
+    def trailing_metadata(self) -> tuple:
+        return self.trailing
+
+    async def send_initial_metadata(self, metadata) -> None:
+        if not self.stream.headers_sent:
+            self.stream.send_headers(_HEADERS + _metadata_block(tuple(metadata)))
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()) -> None:
+        if trailing_metadata:
+            self.trailing = tuple(trailing_metadata)
+        raise _Abort(code, details)
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def set_details(self, details: str) -> None:
+        self._details = details
+
+    def code(self):
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def peer(self) -> str:
+        return self.stream.conn.peer
+
+    def time_remaining(self) -> float | None:
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - self.stream.conn.loop.time())
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def done(self) -> bool:
+        return self.finished
+
+    async def write(self, message) -> None:
+        if self.finished:
+            raise asyncio.CancelledError
+        self._send_message(self._serialize(message))
+        await self.stream.drained()
+
+    async def read(self):
+        try:
+            return await self.requests.__anext__()
+        except StopAsyncIteration:
+            return grpc.aio.EOF
+
+    def disable_next_message_compression(self) -> None:
+        pass  # answers are never compressed
+
+    # -- the wire ----------------------------------------------------------------------------
+
+    def on_data(self, data: memoryview, end: bool) -> None:
+        if self.requests is None:  # unary: one message, taken whole at the end
+            self._unary_data(data, end)
+            return
+        body = self.body
+        if data:
+            body += data
+        limit = self.server.max_receive_message_length
+        while len(body) >= 5:
+            length = int.from_bytes(body[1:5], "big")
+            if length > limit:
+                self._too_large(length)
+                return
+            if len(body) < 5 + length:
+                break
+            try:
+                message = self._message(body[0], bytes(body[5:5 + length]))
+            except _Abort as exc:
+                self.fail(exc.code, exc.details)
+                return
+            del body[:5 + length]
+            self.requests.queue.put_nowait(message)
+        if end:
+            if body:
+                self.fail(grpc.StatusCode.INTERNAL, "the request ended inside a message")
+                return
+            self.requests.queue.put_nowait(_END)
+
+    def _message(self, compressed: int, raw: bytes):
+        if compressed:
+            decompress = _DECOMPRESS.get(self.encoding or b"")
+            if decompress is None:
+                raise _Abort(grpc.StatusCode.INTERNAL,
+                             "a compressed message without a grpc-encoding that says how")
+            try:
+                raw = decompress(raw)
+            except (OSError, zlib.error, EOFError) as exc:
+                raise _Abort(grpc.StatusCode.INTERNAL,
+                             f"cannot decompress the message: {exc}") from exc
+            if len(raw) > self.server.max_receive_message_length:
+                raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"Received message larger than max ({len(raw)} vs. "
+                             f"{self.server.max_receive_message_length})")
+        deserialize = self.handler.request_deserializer
+        if deserialize is None:
+            return bytes(raw)
+        try:
+            return deserialize(raw)
+        except Exception as exc:  # noqa: BLE001 - any parse failure is the caller's
+            raise _Abort(grpc.StatusCode.INTERNAL,
+                         f"Exception deserializing request: {exc}") from exc
+
+    def _unary_data(self, data: memoryview, end: bool) -> None:
+        """Once the message's length is known its whole body is allocated, and each DATA
+        frame is copied into place (appending would grow and move it many times)."""
+        n = len(data)
+        if n:
+            filled = self.filled
+            if self.size is None:
+                body = self.body
+                body += data
+                filled = len(body)
+                if filled >= 5:
+                    length = int.from_bytes(body[1:5], "big")
+                    if length > self.server.max_receive_message_length:
+                        self._too_large(length)
+                        return
+                    self.size = 5 + length
+                    if filled < self.size:
+                        whole = bytearray(self.size)
+                        whole[:filled] = body
+                        self.body = whole
+            else:
+                self.body[filled:filled + n] = data  # past the end (a second message): grows
+                filled += n
+            self.filled = filled
+        if end:
+            self._unary_request()
+
+    def _unary_request(self) -> None:
+        body = self.body
+        if self.size is None or self.filled != self.size:
+            code = grpc.StatusCode.INTERNAL if self.size is None else grpc.StatusCode.UNIMPLEMENTED
+            self.fail(code, "a unary call takes exactly one request message")
+            return
+        try:
+            request = self._message(body[0], memoryview(body)[5:] if not body[0]
+                                    else bytes(body[5:]))
+        except _Abort as exc:
+            self.fail(exc.code, exc.details)
+            return
+        finally:
+            self.body = bytearray()
+        self.start(request)
+
+    def start(self, request=None) -> None:
+        self.server.calls.add(self)
+        self.task = self.stream.conn.loop.create_task(self._run(request))
+
+    async def _run(self, request) -> None:
+        handler = self.handler
+        argument = self.requests if handler.request_streaming else request
+        try:
+            if not handler.response_streaming:
+                method = (handler.stream_unary if handler.request_streaming
+                          else handler.unary_unary)
+                response = method(argument, self)
+                if inspect.isawaitable(response):
+                    response = await response
+                if self._code not in (None, _OK):
+                    self.fail(self._code, self._details)
+                elif response is None:
+                    self.fail(grpc.StatusCode.INTERNAL, "the method returned no response")
+                else:
+                    self._send_message(self._serialize(response))
+                    self._finish(_OK, "")
+            else:
+                method = (handler.stream_stream if handler.request_streaming
+                          else handler.unary_stream)
+                answers = method(argument, self)
+                if hasattr(answers, "__aiter__"):
+                    async for answer in answers:
+                        await self.write(answer)
+                elif inspect.isawaitable(answers):
+                    await answers
+                self._finish(self._code or _OK, self._details)
+        except _Abort as exc:
+            self.fail(exc.code, exc.details)
+        except asyncio.CancelledError:
+            self.fail(grpc.StatusCode.CANCELLED, "the call was cancelled")
+        except Exception as exc:  # noqa: BLE001 - a handler's fault: UNKNOWN, as grpcio says
+            log.exception("gRPC %s failed", self.stream.id)
+            self.fail(grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc)}: {exc}")
+        finally:
+            self.finished = True
+            if self._timer is not None:
+                self._timer.cancel()
+            self.server.calls.discard(self)
+
+    def _serialize(self, message) -> bytes:
+        serialize = self.handler.response_serializer
+        return serialize(message) if serialize is not None else message
+
+    def _send_message(self, payload: bytes) -> None:
+        stream = self.stream
+        if not stream.headers_sent:
+            stream.send_headers(_HEADERS)
+        stream.send_data(b"\x00" + len(payload).to_bytes(4, "big") + payload)
+
+    def _finish(self, code: grpc.StatusCode, details: str) -> None:
+        if self.finished or self.stream.local_closed:
+            self.finished = True
+            return
+        self.finished = True
+        block = (_STATUS_OK if code is _OK
+                 else header_field(b"grpc-status", str(_code(code)).encode()))
+        if details:
+            block += header_field(b"grpc-message", _percent(details))
+        if self.trailing:
+            block += _metadata_block(self.trailing)
+        if not self.stream.headers_sent:  # trailers-only
+            block = _HEADERS + block
+        self.stream.send_headers(block, end_stream=True)
+
+    def fail(self, code: grpc.StatusCode, details: str) -> None:
+        """End the call with a status (once; a handler still running is cancelled)."""
+        self._finish(code, details)
+        task = self.task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+        if self.requests is not None:
+            self.requests.queue.put_nowait(_END)
+
+    def _too_large(self, length: int) -> None:
+        self.fail(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                  f"Received message larger than max ({length} vs. "
+                  f"{self.server.max_receive_message_length})")
+        self.body = bytearray()
+
+    def _deadline(self) -> None:
+        self._timer = None
+        if not self.finished:
+            self.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def cancel(self) -> None:
+        """The client reset the stream or went away: stop the handler."""
+        self._cancelled = True
+        self.finished = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        if self.requests is not None:
+            self.requests.queue.put_nowait(_END)
+        self.server.calls.discard(self)
+
+
+class GrpcServer:
+    """The gRPC server object the servicers register on: handlers by method path,
+    one listening socket, graceful stop."""
+
+    def __init__(self, *, max_receive_message_length: int) -> None:
+        self.max_receive_message_length = max_receive_message_length
+        self._methods: dict[str, grpc.RpcMethodHandler] = {}
+        self._generic: list = []
+        self.connections: set[Http2Connection] = set()
+        self.calls: set[Call] = set()
+        self._listener: asyncio.AbstractServer | None = None
+        self._where: tuple[str, int, bool] = ("127.0.0.1", 0, False)
+        self._read_headers: list | None = None  # the last request headers read, and what
+        self._read: tuple = ()  # they said (on_headers)
+
+    # -- registration (what generated add_*_to_server functions call) -------------------------
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        self._generic.extend(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        for name, handler in handlers.items():
+            self._methods[f"/{service}/{name}"] = handler
+
+    def _lookup(self, path: str, metadata: tuple):
+        handler = self._methods.get(path)
+        if handler is None:
+            for generic in self._generic:
+                handler = generic.service(_CallDetails(path, metadata))
+                if handler is not None:
+                    break
+        return handler
+
+    # -- streams (serving.http2's StreamHandler) ---------------------------------------------
+
+    def on_headers(self, stream: Stream, headers: list, end_stream: bool) -> None:
+        if headers is self._read_headers:  # the same block again (Http2Connection._decode)
+            path, method, content_type, encoding, timeout, metadata = self._read
+        else:
+            read = self._read = _read_headers(headers)
+            self._read_headers = headers
+            path, method, content_type, encoding, timeout, metadata = read
+        if method != b"POST":
+            stream.send_headers(status_field(405), end_stream=True)
+            return
+        if content_type is None or not content_type.startswith(b"application/grpc"):
+            stream.send_headers(status_field(415) + _STATUS_UNKNOWN_CT, end_stream=True)
+            return
+        handler = self._lookup(path or "", metadata)
+        if handler is None or (encoding not in (None, b"identity") and encoding not in _DECOMPRESS):
+            details = (f"Method not found: {path}" if handler is None
+                       else f"Compression algorithm '{encoding.decode('latin-1')}' not supported")
+            stream.send_headers(_HEADERS + header_field(b"grpc-status", b"12")
+                                + header_field(b"grpc-message", _percent(details)),
+                                end_stream=True)
+            return
+        call = Call(self, stream, handler, metadata, encoding, timeout)
+        stream.call = call
+        if handler.request_streaming:
+            call.start()
+        if end_stream:
+            call.on_data(memoryview(b""), True)
+
+    def on_data(self, stream: Stream, data: memoryview, end_stream: bool) -> None:
+        if stream.call is not None and not stream.call.finished:
+            stream.call.on_data(data, end_stream)
+
+    def on_reset(self, stream: Stream) -> None:
+        if stream.call is not None:
+            stream.call.cancel()
+
+    # -- listening ---------------------------------------------------------------------------
+
+    def _connection(self) -> Http2Connection:
+        conn = Http2Connection(lambda _: self, on_close=self.connections.discard)
+        self.connections.add(conn)
+        return conn
+
+    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> int:
+        """Listen on host:port (OSError when taken); the port bound."""
+        self._where = (host.strip("[]"), port, reuse_port)
+        port = await self.listen()
+        self._where = (self._where[0], port, reuse_port)  # port 0: again on the one bound
+        return port
+
+    async def listen(self) -> int:
+        host, port, reuse_port = self._where
+        if reuse_port:
+            sock = reuse_port_listener(host, port)
+        else:
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((host, port))
+                sock.listen(2048)
+            except OSError:
+                sock.close()
+                raise
+        self._listener = await asyncio.get_running_loop().create_server(self._connection,
+                                                                        sock=sock)
+        return sock.getsockname()[1]
+
+    async def stop_listening(self) -> None:
+        """No new connections: the kernel stops completing them, the ones it completed are
+        taken (closing a listener resets its queue), then the listener closes."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await stop_listening([listener])
+
+    @property
+    def listening(self) -> bool:
+        return self._listener is not None
+
+    def let_go(self, share: float) -> None:
+        """Ask `share` of the connections to go (GOAWAY): their clients reconnect, wherever
+        the kernel sends them (serving.parking); calls in flight finish."""
+        for conn in share_of(list(self.connections), share):
+            conn.go_away()
+
+    async def stop(self, grace: float) -> None:
+        """No new calls (GOAWAY); the ones in flight get `grace` seconds, then are cancelled."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        self.let_go(1.0)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + grace
+        while self.calls and loop.time() < until:
+            await asyncio.sleep(0.02)
+        for call in list(self.calls):
+            call.fail(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
+        for conn in list(self.connections):
+            conn.close()
+
+
+class _CallDetails(grpc.HandlerCallDetails):
+    def __init__(self, method: str, invocation_metadata: tuple) -> None:
+        self.method = method
+        self.invocation_metadata = invocation_metadata
