@@ -4,22 +4,26 @@
 One command, from the repository root (any Python >= 3.11; it creates its own peer environment):
 
     python3 bench/serving.py [--duration 10] [--only raw,bare,mlserver,triton,ours]
-                             [--scenarios mlp-json-c1,mlp-json-c32,conv-bin-c8,conv-json-c8]
-    python3 bench/serving.py --grpc     (gRPC: ours and Triton, MLP c=32 and conv c=8, h2load)
-    python3 bench/serving.py --grpc --server-cpus "" --wrk-cpus "" [--modes busy]
-                                        (gRPC unpinned [beside --neighbours CPU burners])
+                             [--scenarios mlp-json-c1,mlp-json-c32,conv-bin-c8,conv-json-c8,
+                                          grpc-mlp-c32,grpc-conv-c8]
+                             [--modes pinned,unpinned,busy]
+    python3 bench/serving.py --grpc     (only the gRPC scenarios: --scenarios grpc-mlp-c32,...)
 
 What it does (see /work/shared/BENCH.md for the why):
 - creates bench/.peers/venv (mlserver 1.7.1, nvidia-pytriton 0.7.0, onnxruntime, numpy, httptools)
   if missing, installs Debian's `wrk` if missing, then re-runs itself with that venv's Python;
 - builds the sample MLP and conv models with the repo's own `registry.samples` (via .venv);
-- for each server: starts it on a free loopback port, waits for GET /v2/health/ready, checks one
-  response of every scenario against onnxruntime by hand, loads it with wrk (Lua scripts in
-  bench/wrk/) for --duration seconds per scenario, records req/s, p50, p99, non-2xx, stops it;
+- for each server: starts it on a free loopback port (and its gRPC front on another, where it
+  has one: Triton, MLServer, ours), waits for GET /v2/health/ready, checks one response of every
+  scenario against onnxruntime by hand (gRPC: through tritonclient.grpc), loads it with wrk (Lua
+  scripts in bench/wrk/) or, for the grpc-* scenarios, h2load (one HTTP/2 connection carrying c
+  concurrent ModelInfer calls) for --duration seconds per scenario, records req/s, p50, p99,
+  failed answers, stops it;
 - does all of that in each mode of --modes (pinned, unpinned, busy: unpinned with a CPU-burning
   neighbour), re-pinning the running servers between modes, and records each server's CPU per
   request (its process group's user + system time over the answers);
-- prints a markdown table with ratios and writes it to bench/results/serving-latest.md.
+- prints one markdown table, HTTP and gRPC rows in every mode, with ratios, and writes it to
+  bench/results/serving-latest.md.
 
 `--before DIR` adds the server "before": the same mmc-serve from another checkout of this repo
 (e.g. `git worktree add /tmp/before <rev>`), run with .venv's Python and that checkout first on
@@ -70,6 +74,7 @@ class Scenario:
     binary: bool
     conc: int
     title: str
+    grpc: bool = False  # KServe v2 gRPC ModelInfer with raw_input_contents, loaded by h2load
 
 
 SCENARIOS = {s.name: s for s in [
@@ -77,6 +82,10 @@ SCENARIOS = {s.name: s for s in [
     Scenario("mlp-json-c32", "mlp", False, 32, "MLP 1×64, v2 JSON, c=32"),
     Scenario("conv-bin-c8", "conv", True, 8, "conv 1×3×224×224, binary, c=8"),
     Scenario("conv-json-c8", "conv", False, 8, "conv 1×3×224×224, v2 JSON, c=8"),
+    Scenario("grpc-mlp-c32", "mlp", True, 32, "MLP 1×64, gRPC raw_input_contents, c=32",
+             grpc=True),
+    Scenario("grpc-conv-c8", "conv", True, 8, "conv 1×3×224×224, gRPC raw_input_contents, c=8",
+             grpc=True),
 ]}
 SHAPES = {"mlp": (1, 64), "conv": (1, 3, 224, 224)}
 MAX_BATCH = {"mlp": 32, "conv": 8}
@@ -111,6 +120,10 @@ def ensure_environment() -> None:
         log("[setup] installing Debian wrk (apt-get update && apt-get install -y wrk)")
         subprocess.run(["apt-get", "update"], check=True, stdout=subprocess.DEVNULL)
         subprocess.run(["apt-get", "install", "-y", "wrk"], check=True, stdout=subprocess.DEVNULL)
+    if shutil.which("h2load") is None:
+        log("[setup] installing Debian nghttp2-client (h2load, the gRPC scenarios' load)")
+        subprocess.run(["apt-get", "install", "-y", "nghttp2-client"], check=True,
+                       stdout=subprocess.DEVNULL)
     if Path(sys.prefix).resolve() != PEER_VENV.resolve():
         os.execv(PEER_PY, [str(PEER_PY), str(Path(__file__).resolve()), *sys.argv[1:]])
 
@@ -219,6 +232,8 @@ class Launch:
     cmd: list[str]
     env: dict[str, str] = field(default_factory=dict)
     ready_timeout: float = 60.0
+    grpc_port: int | None = None  # its KServe v2 gRPC front, if it has one
+    metrics_port: int | None = None  # where Triton's nv_inference_request_* counters are read
 
 
 class ServerFailed(Exception):
@@ -241,18 +256,19 @@ def setup_bare(work: Path, models: dict[str, Path], port: int, threads: int) -> 
 
 def setup_mlserver(work: Path, models: dict[str, Path], port: int, threads: int) -> Launch:
     d = work / "mlserver"
-    d.mkdir()
+    d.mkdir(exist_ok=True)
+    grpc_port = free_port()
     (d / "settings.json").write_text(json.dumps({
         "debug": False, "parallel_workers": 0, "host": "127.0.0.1", "http_port": port,
-        "grpc_port": free_port(), "metrics_port": free_port()}))
+        "grpc_port": grpc_port, "metrics_port": free_port()}))
     for m, p in models.items():
-        (d / m).mkdir()
+        (d / m).mkdir(exist_ok=True)
         shutil.copy(p, d / m / "model.onnx")
         (d / m / "model-settings.json").write_text(json.dumps({
             "name": m, "implementation": "mlserver_ort.OnnxRuntimeModel",
             "parameters": {"uri": "./model.onnx", "version": "1", "extra": {"threads": threads}}}))
     return Launch([str(PEER_VENV / "bin" / "mlserver"), "start", str(d)],
-                  {"PYTHONPATH": str(BENCH)})
+                  {"PYTHONPATH": str(BENCH)}, grpc_port=grpc_port)
 
 
 TRITON_MODEL_PY = '''\
@@ -319,10 +335,12 @@ def setup_triton(work: Path, models: dict[str, Path], port: int, threads: int,
     # The stub links Debian's libpython 3.11.2 unless the interpreter's own lib folder comes
     # first; the copied stub also loses its rpath to the wheel's bundled libraries.
     ld = [sysconfig.get_config_var("LIBDIR"), str(libs), os.environ.get("LD_LIBRARY_PATH", "")]
+    grpc_port, metrics_port = free_port(), free_port()
     return Launch([str(ts / "bin" / "tritonserver"), "--model-repository", str(repo),
                    "--backend-directory", str(backends), "--http-port", str(port),
-                   "--grpc-port", str(free_port()), "--metrics-port", str(free_port())],
-                  {"LD_LIBRARY_PATH": ":".join(p for p in ld if p)}, ready_timeout=120)
+                   "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port)],
+                  {"LD_LIBRARY_PATH": ":".join(p for p in ld if p)}, ready_timeout=120,
+                  grpc_port=grpc_port, metrics_port=metrics_port)
 
 
 def setup_ours(work: Path, models: dict[str, Path], port: int, threads: int,
@@ -341,13 +359,15 @@ def setup_ours(work: Path, models: dict[str, Path], port: int, threads: int,
         env["PYTHONPATH"] = str(checkout)
     if workers is not None:
         cmd += ["--workers", str(workers)]
-    return Launch([*cmd, "--model-repository", str(d), "--host", "127.0.0.1", "--port", str(port)],
-                  env)
+    grpc_port = free_port()
+    return Launch([*cmd, "--model-repository", str(d), "--host", "127.0.0.1", "--port", str(port),
+                   "--grpc-port", str(grpc_port)], env, grpc_port=grpc_port, metrics_port=port)
 
 
 class Running:
     def __init__(self, name: str, launch: Launch, port: int, work: Path, cpus: str | None):
         self.name, self.port = name, port
+        self.grpc_port, self.metrics_port = launch.grpc_port, launch.metrics_port
         self.logfile = work / f"{name}.log"
         env = {**os.environ, "OMP_NUM_THREADS": "1", **launch.env}
         cmd = (["taskset", "-c", cpus] if cpus else []) + launch.cmd
@@ -659,7 +679,8 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
             f"--workers {args.ours_workers}" if args.ours_workers else "its default --workers")
         + "; every server started unpinned (then pinned per mode)",
         f"- background: {args.background}",
-        f"- load: wrk -t1, {args.duration:g} s per run after a {args.warmup:g} s warm-up, "
+        f"- load: wrk -t1 (HTTP) or h2load -t1 on one HTTP/2 connection carrying c concurrent "
+        f"calls (gRPC), {args.duration:g} s per run after a {args.warmup:g} s warm-up, "
         f"loopback, one row per request; {args.rounds} round(s) per server and scenario, "
         + ("one server up at a time" if args.sequential else
            "all servers up, interleaved scenario by scenario")
@@ -673,8 +694,8 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
         lines.append("")
     lines += [
         "## Servers", "",
-        "| scenario | server | req/s | p50 ms | p99 ms | non-2xx | vs Triton | vs MLServer "
-        "| vs bare | vs raw ORT b1 / b8 | server CPU µs/req (vs Triton) | wrk cores "
+        "| scenario | server | req/s | p50 ms | p99 ms | failed | vs Triton | vs MLServer "
+        "| vs bare | vs raw ORT b1 / b8 | server CPU µs/req (vs Triton) | load-gen cores "
         "| rounds req/s |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
@@ -710,15 +731,19 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
               "inflate the way they do req/s; in brackets Triton's over the row's (>1: less CPU "
               "per request than Triton). \"vs raw ORT\" = conv rows/s through the server over "
               "raw onnxruntime rows/s at batch 1 and at batch 8 (the servers' max batch). "
-              "wrk cores: CPU wrk itself used in the kept round, in cores; near 1.00 its one "
-              "thread was the limit, whatever the server could do.", ""]
+              "Failed: non-2xx answers (HTTP), or failed calls (gRPC: h2load's, plus the growth "
+              "of the server's own nv_inference_request_failure where it keeps Triton's "
+              "counters: ours and Triton; MLServer's gRPC errors, carried in trailers, only "
+              "show as missing answers). Load-gen cores: CPU wrk or h2load itself used in the "
+              "kept round; near 1.00 its one thread was the limit, whatever the server could "
+              "do.", ""]
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------
-# gRPC (`--grpc`): ours against Triton's own gRPC front, KServe v2 ModelInfer with raw contents
+# gRPC scenarios: KServe v2 ModelInfer with raw contents, against each server's own gRPC front
 # --------------------------------------------------------------------------------------------
 # Load: h2load (Debian nghttp2-client, C) on one HTTP/2 connection carrying `conc` concurrent
 # ModelInfer calls, as one tritonclient.grpc channel does; the body is the gRPC-framed request
@@ -728,11 +753,6 @@ def render(args, results: dict, raw: dict, notes: list[str], versions: dict[str,
 # nv_inference_request_failure must not grow (a note says so when nv_inference_request_success
 # grew by less than the calls h2load counted).
 
-GRPC_SCENARIOS = [
-    Scenario("grpc-mlp-c32", "mlp", True, 32, "MLP 1×64, gRPC raw_input_contents, c=32"),
-    Scenario("grpc-conv-c8", "conv", True, 8, "conv 1×3×224×224, gRPC raw_input_contents, c=8"),
-]
-GRPC_SERVERS = ["triton", "ours"]
 GRPC_RESULTS = BENCH / "results" / "serving-grpc-latest.md"
 GRPC_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -771,23 +791,6 @@ def grpc_bodies(work: Path) -> dict[str, Path]:
     spec = json.dumps([[m, list(SHAPES[m]), str(bodies[m])] for m in SHAPES])
     subprocess.run([OUR_PY, "-c", GRPC_BODIES_PY, spec], check=True)
     return bodies
-
-
-def _flag_value(cmd: list[str], flag: str) -> str:
-    return cmd[cmd.index(flag) + 1]
-
-
-def setup_grpc_server(name: str, work: Path, models: dict[str, Path], port: int,
-                      args) -> tuple[Launch, int, int]:
-    """(launch, gRPC port, metrics port) of Triton or ours, each with its gRPC front on."""
-    if name == "triton":
-        launch = setup_triton(work, models, port, args.ort_threads, args.triton_delay_us)
-        return (launch, int(_flag_value(launch.cmd, "--grpc-port")),
-                int(_flag_value(launch.cmd, "--metrics-port")))
-    grpc_port = free_port()
-    launch = setup_ours(work, models, port, args.ort_threads)
-    launch.cmd += ["--grpc-port", str(grpc_port)]
-    return launch, grpc_port, port
 
 
 def grpc_check_by_hand(address: str, sc: Scenario, body: Path, reference: list[float]) -> None:
@@ -839,160 +842,44 @@ def run_h2load(address: str, sc: Scenario, body: Path, seconds: float, cpus: str
             "calls": succeeded, "failed": sum(int(done.group(i)) for i in (4, 5, 6))}
 
 
-def render_grpc(args, results: dict, notes: list[str], versions: dict[str, str],
-                pinning: str) -> str:
-    lines = [
-        "# Serving benchmark, gRPC (bench/serving.py --grpc)", "",
-        f"- date: {dt.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}",
-        f"- machine: {machine()}",
-        "- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
-        f"- pinning: {pinning}",
-        f"- background: {args.background}",
-        f"- load: h2load, one HTTP/2 connection with c concurrent ModelInfer calls, "
-        f"{args.duration:g} s per run after a {args.warmup:g} s warm-up, loopback; "
-        f"{args.rounds} round(s), servers interleaved; the table keeps each cell's best round",
-        "", "| scenario | server | req/s | p50 ms | p99 ms | failed calls | vs Triton gRPC "
-        "| rounds req/s |", "|---|---|---:|---:|---:|---:|---:|---|",
-    ]
-    for sc in GRPC_SCENARIOS:
-        row = results.get(sc.name, {})
-        triton = row.get("triton")
-        for name in GRPC_SERVERS:
-            v = row.get(name)
-            if v is None:
-                continue
-            if isinstance(v, str):
-                lines.append(f"| {sc.name} | {name} | {v} | | | | | |")
-                continue
-            vs = fmt_ratio(v["rps"], triton["rps"] if isinstance(triton, dict) else None)
-            lines.append(f"| {sc.name} | {name} | {v['rps']:,.0f} | {v['p50_us'] / 1e3:.2f} | "
-                         f"{v['p99_us'] / 1e3:.2f} | {v['failed']} | {vs} | "
-                         + ", ".join(f"{r:,.0f}" for r in v["rounds"]) + " |")
-    lines += ["", "Scenarios: " + "; ".join(f"`{s.name}` {s.title}" for s in GRPC_SCENARIOS),
-              ""]
-    if notes:
-        lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
-    return "\n".join(lines)
-
-
-def grpc_main(args) -> int:
-    """`--grpc`: the gRPC scenarios, ours and Triton both serving KServe v2 gRPC."""
-    if shutil.which("h2load") is None:
-        log("[setup] installing Debian nghttp2-client (h2load)")
-        subprocess.run(["apt-get", "install", "-y", "nghttp2-client"], check=True,
-                       stdout=subprocess.DEVNULL)
-    pinning = (f"servers: taskset -c {args.server_cpus or '(none)'}; h2load: taskset -c "
-               f"{args.wrk_cpus or '(none)'}; onnxruntime intra_op_num_threads="
-               f"{args.ort_threads}; Triton dynamic batching {args.triton_delay_us} µs, max "
-               f"batch mlp 32 / conv 8; ours max_batch_size 32 / 8, max_queue_delay_us 0")
-    busy = args.modes == ["busy"]
-    if busy:
-        pinning += (f"; busy: {args.neighbours} CPU-burning neighbour process(es) through "
-                    "every load")
-    log(f"[bench] {machine()}")
-    watch = CpuWatch()
-    failed = False
-    notes: list[str] = []
-    versions = {"python": platform.python_version(),
-                "h2load": subprocess.run(["h2load", "--version"], capture_output=True,
-                                         text=True).stdout.strip(),
-                "nvidia-pytriton": pkg_version("nvidia-pytriton"),
-                "onnxruntime (ours, .venv)": ours_ort_version()}
-    results: dict[str, dict] = {sc.name: {} for sc in GRPC_SCENARIOS}
-    with tempfile.TemporaryDirectory(prefix="mmc-bench-grpc-") as tmp:
-        work = Path(tmp)
-        models = build_models(work)
-        reqs = make_requests(work, models)
-        bodies = grpc_bodies(work)
-        running: dict[str, tuple[Running, str, int]] = {}
-        neighbours: Neighbours | None = None
-        try:
-            for name in GRPC_SERVERS:
-                log(f"[{name}] starting with gRPC")
-                port = free_port()
-                launch, grpc_port, metrics_port = setup_grpc_server(name, work, models, port,
-                                                                    args)
-                try:
-                    srv = Running(f"{name}-grpc", launch, port, work, args.server_cpus or None)
-                except ServerFailed as e:
-                    notes.append(f"{name} FAILED to start: {str(e).splitlines()[0]}")
-                    failed = True
-                    continue
-                address = f"127.0.0.1:{grpc_port}"
-                running[name] = (srv, address, metrics_port)
-                versions[f"{name} /v2"] = srv.server_version()
-                for sc in GRPC_SCENARIOS:
-                    try:
-                        grpc_check_by_hand(address, sc, bodies[sc.model],
-                                           reqs[(sc.model, True)].reference)
-                        results[sc.name][name] = []
-                    except ServerFailed as e:
-                        results[sc.name][name] = "FAILED (see notes)"
-                        notes.append(f"{name} {sc.name} FAILED: {str(e).splitlines()[0]}")
-                        failed = True
-                log(f"  {name}: one tritonclient.grpc answer per scenario checked")
-            if busy:
-                neighbours = Neighbours(args.neighbours)
-            for sc in GRPC_SCENARIOS:
-                log(f"[load] {sc.name}: {sc.title}")
-                for rnd in range(args.rounds):
-                    for name, (_srv, address, metrics_port) in running.items():
-                        runs = results[sc.name][name]
-                        if not isinstance(runs, list):
-                            continue
-                        try:
-                            if args.warmup > 0 and rnd == 0:
-                                run_h2load(address, sc, bodies[sc.model], args.warmup,
-                                           args.wrk_cpus or None, work)
-                            ok0, bad0 = grpc_counters(metrics_port, sc.model)
-                            res = run_h2load(address, sc, bodies[sc.model], args.duration,
-                                             args.wrk_cpus or None, work)
-                            time.sleep(1.0)  # the last answers' counts land (Triton: async)
-                            ok1, bad1 = grpc_counters(metrics_port, sc.model)
-                        except (ServerFailed, OSError) as e:
-                            results[sc.name][name] = "FAILED (see notes)"
-                            notes.append(f"{name} {sc.name} FAILED: {str(e).splitlines()[0]}")
-                            failed = True
-                            continue
-                        res["failed"] += int(bad1 - bad0)
-                        if ok1 - ok0 < res["calls"]:  # a lagging counter, or errors it missed
-                            notes.append(f"{name} {sc.name}: h2load counted {res['calls']} "
-                                         f"answers, the server's success counter "
-                                         f"{int(ok1 - ok0)}")
-                        if res["failed"]:
-                            failed = True
-                            notes.append(f"{name} {sc.name}: {res['failed']} failed calls")
-                        runs.append(res)
-                        log(f"  round {rnd + 1} {name:7s} {res['rps']:10,.0f} req/s  p50 "
-                            f"{res['p50_us'] / 1e3:7.2f} ms  p99 {res['p99_us'] / 1e3:7.2f} ms"
-                            f"  failed {res['failed']}")
-        finally:
-            if neighbours is not None:
-                neighbours.stop()
-            for srv, _, _ in running.values():
-                srv.stop()
-    for row in results.values():
-        for name, runs in list(row.items()):
-            if isinstance(runs, list):
-                if not runs:
-                    row[name] = "no run"
-                    continue
-                best = dict(max(runs, key=lambda r: r["rps"]))
-                best["failed"] = sum(r["failed"] for r in runs)
-                best["rounds"] = [r["rps"] for r in runs]
-                row[name] = best
-    args.background = watch.report()
-    report = render_grpc(args, results, notes, versions, pinning)
-    print()
-    print(report)
-    out = Path(args.output if args.output != str(RESULTS) else GRPC_RESULTS)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report)
-    log(f"[bench] written to {out}")
-    return 1 if failed else 0
+def run_grpc(srv: Running, sc: Scenario, body: Path, seconds: float, cpus: str | None,
+             work: Path, notes: list[str] | None = None) -> dict:
+    """One h2load run against srv's gRPC front, in run_wrk's shape (failed calls as non2xx).
+    With `notes`, the server's own counters are read around the run where it keeps Triton's
+    (ours, Triton): h2load sees only HTTP statuses, and a gRPC error is HTTP 200 with
+    grpc-status in the trailers."""
+    address = f"127.0.0.1:{srv.grpc_port}"
+    counted = notes is not None and srv.metrics_port is not None
+    if counted:
+        ok0, bad0 = grpc_counters(srv.metrics_port, sc.model)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res = run_h2load(address, sc, body, seconds, cpus, work)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    failed = res["failed"]
+    if counted:
+        time.sleep(1.0)  # the last answers' counts land (Triton counts them asynchronously)
+        ok1, bad1 = grpc_counters(srv.metrics_port, sc.model)
+        failed += int(bad1 - bad0)
+        if ok1 - ok0 < res["calls"]:  # a lagging counter, or errors it missed
+            notes.append(f"{srv.name} {sc.name}: h2load counted {res['calls']} answers, the "
+                         f"server's success counter {int(ok1 - ok0)}")
+    return {"rps": res["rps"], "p50_us": res["p50_us"], "p99_us": res["p99_us"],
+            "requests": res["calls"], "non2xx": failed, "connect_err": 0, "read_err": 0,
+            "write_err": 0, "timeout_err": 0,
+            "wrk_cores": (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+            / max(1, round(seconds))}
 
 
 # --------------------------------------------------------------------------------------------
+
+def run_load(srv: Running, sc: Scenario, req: Request, grpc_body: Path | None, seconds: float,
+             cpus: str | None, work: Path, notes: list[str] | None = None) -> dict:
+    """One load run of a scenario: h2load on the gRPC front (`notes`: check the server's own
+    counters) or wrk on /v2/models/<model>/infer."""
+    if sc.grpc:
+        return run_grpc(srv, sc, grpc_body, seconds, cpus, work, notes)
+    return run_wrk(srv.url(f"/v2/models/{sc.model}/infer"), sc, req, seconds, cpus)
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -1029,8 +916,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="Triton dynamic_batching max_queue_delay_microseconds")
     p.add_argument("--output", default=str(RESULTS), help="markdown file to write")
     p.add_argument("--grpc", action="store_true",
-                   help="run the gRPC scenarios instead (ours and Triton over KServe v2 gRPC; "
-                        f"written to {GRPC_RESULTS.relative_to(REPO)})")
+                   help="only the gRPC scenarios (written to "
+                        f"{GRPC_RESULTS.relative_to(REPO)} unless --output says otherwise)")
     a = p.parse_args(argv)
     a.servers = [s.strip() for s in a.only.split(",") if s.strip()]
     if a.before and "before" not in a.servers:
@@ -1039,6 +926,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("server 'before' needs --before DIR")
     bad = [s for s in a.servers if s not in SERVERS]
     names = [s.strip() for s in a.scenarios.split(",") if s.strip()]
+    if a.grpc:
+        names = [s for s in names if s not in SCENARIOS or SCENARIOS[s].grpc]
+        if a.output == str(RESULTS):
+            a.output = str(GRPC_RESULTS)
     bad += [s for s in names if s not in SCENARIOS]
     if bad:
         p.error(f"unknown: {', '.join(bad)}")
@@ -1084,8 +975,6 @@ def start_server(name: str, setup, work: Path, args, notes: list[str],
 def main() -> int:
     args = parse_args(sys.argv[1:])
     ensure_environment()
-    if args.grpc:
-        return grpc_main(args)
     pinning = (f"servers and raw onnxruntime: taskset -c {args.server_cpus or '(none)'}; "
                f"wrk: taskset -c {args.wrk_cpus or '(none)'}; onnxruntime intra_op_num_threads="
                f"{args.ort_threads}, inter_op_num_threads=1; OMP_NUM_THREADS=1; Triton dynamic "
@@ -1103,10 +992,14 @@ def main() -> int:
         "nvidia-pytriton": pkg_version("nvidia-pytriton"), "uvicorn": pkg_version("uvicorn"),
         "uvloop": pkg_version("uvloop"), "httptools": pkg_version("httptools"),
         "orjson": pkg_version("orjson")}
+    if any(sc.grpc for sc in args.scenarios):
+        versions["h2load"] = subprocess.run(["h2load", "--version"], capture_output=True,
+                                            text=True).stdout.strip().split()[-1]
     with tempfile.TemporaryDirectory(prefix="mmc-bench-") as tmp:
         work = Path(tmp)
         models = build_models(work)
         reqs = make_requests(work, models)
+        bodies = grpc_bodies(work) if any(sc.grpc for sc in args.scenarios) else {}
         raw = {}
         if "raw" in args.servers:
             log("[raw] onnxruntime in-process")
@@ -1136,12 +1029,20 @@ def main() -> int:
                     running[name] = srv
                     for sc in args.scenarios:
                         cells = [results.setdefault(f"{sc.name} {m}", {}) for m in args.modes]
-                        if name == "mlserver" and sc.binary:
+                        missing = ("n/a (no gRPC front)" if sc.grpc and srv.grpc_port is None
+                                   else "n/a (no binary tensor extension)"
+                                   if name == "mlserver" and sc.binary and not sc.grpc else None)
+                        if missing:
                             for cell in cells:
-                                cell[name] = "n/a (no binary tensor extension)"
+                                cell[name] = missing
                             continue
                         try:
-                            check_by_hand(srv, sc, reqs[(sc.model, sc.binary)])
+                            if sc.grpc:
+                                grpc_check_by_hand(f"127.0.0.1:{srv.grpc_port}", sc,
+                                                   bodies[sc.model],
+                                                   reqs[(sc.model, True)].reference)
+                            else:
+                                check_by_hand(srv, sc, reqs[(sc.model, sc.binary)])
                             for cell in cells:
                                 cell[name] = []
                         except ServerFailed as e:
@@ -1177,14 +1078,15 @@ def main() -> int:
                             runs = results[sc.name][name]
                             if not isinstance(runs, list):
                                 continue
-                            url = srv.url(f"/v2/models/{sc.model}/infer")
+                            body = bodies.get(sc.model) if sc.grpc else None
                             try:
                                 if args.warmup > 0 and rnd == 0:
-                                    run_wrk(url, sc, req, args.warmup, wrk_cpus)
+                                    run_load(srv, sc, req, body, args.warmup, wrk_cpus, work)
                                 cpu0 = group_cpu_seconds(srv.proc.pid)
-                                res = run_wrk(url, sc, req, args.duration, wrk_cpus)
+                                res = run_load(srv, sc, req, body, args.duration, wrk_cpus, work,
+                                               notes)
                                 res["cpu_us"] = cpu_per_request(cpu0, srv.proc.pid, res)
-                            except ServerFailed as e:
+                            except (ServerFailed, OSError) as e:
                                 log(f"  ERROR {name} {sc.name}: {e}")
                                 results[sc.name][name] = "FAILED (see notes)"
                                 notes.append(f"{name} {sc.name} FAILED: {str(e).splitlines()[0]}")
@@ -1195,12 +1097,12 @@ def main() -> int:
                                 res["write_err"] + res["timeout_err"]
                             if bad:
                                 failed = True
-                                notes.append(f"{name} {sc.name}: {res['non2xx']} non-2xx answers,"
+                                notes.append(f"{name} {sc.name}: {res['non2xx']} failed answers,"
                                              f" {bad - res['non2xx']} socket errors: a failed run")
                             log(f"  round {rnd + 1} {name:9s} {res['rps']:10,.0f} req/s  p50 "
                                 f"{res['p50_us'] / 1e3:7.2f} ms  p99 {res['p99_us'] / 1e3:7.2f} "
-                                f"ms  non-2xx {res['non2xx']}  CPU {res['cpu_us']:,.0f} µs/req"
-                                f"  wrk {res['wrk_cores']:.2f} cores"
+                                f"ms  failed {res['non2xx']}  CPU {res['cpu_us']:,.0f} µs/req"
+                                f"  load generator {res['wrk_cores']:.2f} cores"
                                 + (f"  socket errors {bad - res['non2xx']}"
                                    if bad > res["non2xx"] else ""))
             finally:
