@@ -17,8 +17,9 @@ What it does (see /work/shared/BENCH.md for the why):
   has one: Triton, MLServer, ours), waits for GET /v2/health/ready, checks one response of every
   scenario against onnxruntime by hand (gRPC: through tritonclient.grpc), loads it with wrk (Lua
   scripts in bench/wrk/) or, for the grpc-* scenarios, h2load (one HTTP/2 connection carrying c
-  concurrent ModelInfer calls) for --duration seconds per scenario, records req/s, p50, p99,
-  failed answers, stops it;
+  concurrent ModelInfer calls; as many calls as the server answered in --duration seconds in its
+  previous run, so that none is left in flight at the end) for --duration seconds per scenario,
+  records req/s, p50, p99, failed answers, stops it;
 - does all of that in each mode of --modes (pinned, unpinned, busy: unpinned with a CPU-burning
   neighbour), re-pinning the running servers between modes, and records each server's CPU per
   request (its process group's user + system time over the answers);
@@ -818,19 +819,25 @@ def grpc_counters(metrics_port: int, model: str) -> tuple[float, float]:
 
 
 def run_h2load(address: str, sc: Scenario, body: Path, seconds: float, cpus: str | None,
-               work: Path) -> dict:
-    """req/s and latency percentiles of one h2load run (its per-request log)."""
+               work: Path, calls: int | None = None) -> dict:
+    """req/s and latency percentiles of one h2load run (its per-request log): for `seconds`
+    (-D), or, given `calls`, exactly that many calls (-n). A timed run stops with up to c calls
+    in flight, which Triton counts as failures once h2load closes the connection; a counted
+    run ends with every call answered."""
     log_file = work / "h2load-requests.log"
     log_file.unlink(missing_ok=True)
+    limit = ["-n", str(calls)] if calls else ["-D", str(max(1, round(seconds)))]
     cmd = (["taskset", "-c", cpus] if cpus else []) + [
-        "h2load", "-D", str(max(1, round(seconds))), "-c", "1", "-m", str(sc.conc), "-t", "1",
+        "h2load", *limit, "-c", "1", "-m", str(sc.conc), "-t", "1",
         "-H", "content-type: application/grpc", "-H", "te: trailers", "-d", str(body),
         "--log-file", str(log_file), f"http://{address}{GRPC_METHOD}"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=3 * seconds + 60)
     done = re.search(r"requests: (\d+) total, \d+ started, (\d+) done, (\d+) succeeded, "
                      r"(\d+) failed, (\d+) errored, (\d+) timeout", p.stdout)
-    if p.returncode != 0 or not done:
+    finished = re.search(r"finished in ([\d.]+)(ms|s),", p.stdout)
+    if p.returncode != 0 or not done or not finished:
         raise ServerFailed(f"h2load failed ({p.returncode}): {p.stdout[-800:]} {p.stderr[-800:]}")
+    elapsed = float(finished.group(1)) / (1000 if finished.group(2) == "ms" else 1)
     times = sorted(int(line.split("\t")[2]) for line in log_file.read_text().splitlines()
                    if line.count("\t") >= 2)
     succeeded = int(done.group(3))
@@ -838,22 +845,26 @@ def run_h2load(address: str, sc: Scenario, body: Path, seconds: float, cpus: str
     def pct(q: float) -> float:
         return times[min(len(times) - 1, int(q * len(times)))] if times else 0.0
 
-    return {"rps": succeeded / max(1, round(seconds)), "p50_us": pct(0.5), "p99_us": pct(0.99),
-            "calls": succeeded, "failed": sum(int(done.group(i)) for i in (4, 5, 6))}
+    return {"rps": succeeded / (elapsed if calls else max(1, round(seconds))),
+            "p50_us": pct(0.5), "p99_us": pct(0.99), "calls": succeeded,
+            "failed": sum(int(done.group(i)) for i in (4, 5, 6))}
 
 
 def run_grpc(srv: Running, sc: Scenario, body: Path, seconds: float, cpus: str | None,
-             work: Path, notes: list[str] | None = None) -> dict:
-    """One h2load run against srv's gRPC front, in run_wrk's shape (failed calls as non2xx).
-    With `notes`, the server's own counters are read around the run where it keeps Triton's
-    (ours, Triton): h2load sees only HTTP statuses, and a gRPC error is HTTP 200 with
-    grpc-status in the trailers."""
+             work: Path, notes: list[str] | None = None, rate: float | None = None) -> dict:
+    """One h2load run against srv's gRPC front, in run_wrk's shape (failed calls as non2xx);
+    given the server's `rate` (req/s) in an earlier run, as many calls as take about `seconds`
+    at that rate. With `notes`, the server's own counters are read around the run where it
+    keeps Triton's (ours, Triton): h2load sees only HTTP statuses, and a gRPC error is HTTP
+    200 with grpc-status in the trailers."""
     address = f"127.0.0.1:{srv.grpc_port}"
     counted = notes is not None and srv.metrics_port is not None
     if counted:
+        time.sleep(1.0)  # what an earlier timed run left in flight is counted by now
         ok0, bad0 = grpc_counters(srv.metrics_port, sc.model)
+    calls = max(20 * sc.conc, round(rate * seconds)) if rate else None
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    res = run_h2load(address, sc, body, seconds, cpus, work)
+    res = run_h2load(address, sc, body, seconds, cpus, work, calls)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     failed = res["failed"]
     if counted:
@@ -873,11 +884,12 @@ def run_grpc(srv: Running, sc: Scenario, body: Path, seconds: float, cpus: str |
 # --------------------------------------------------------------------------------------------
 
 def run_load(srv: Running, sc: Scenario, req: Request, grpc_body: Path | None, seconds: float,
-             cpus: str | None, work: Path, notes: list[str] | None = None) -> dict:
+             cpus: str | None, work: Path, notes: list[str] | None = None,
+             rate: float | None = None) -> dict:
     """One load run of a scenario: h2load on the gRPC front (`notes`: check the server's own
-    counters) or wrk on /v2/models/<model>/infer."""
+    counters; `rate`: see run_grpc) or wrk on /v2/models/<model>/infer."""
     if sc.grpc:
-        return run_grpc(srv, sc, grpc_body, seconds, cpus, work, notes)
+        return run_grpc(srv, sc, grpc_body, seconds, cpus, work, notes, rate)
     return run_wrk(srv.url(f"/v2/models/{sc.model}/infer"), sc, req, seconds, cpus)
 
 
@@ -1073,6 +1085,7 @@ def main() -> int:
                         log(f"[mode] {mode}: {MODE_TITLES[mode]}")
                     log(f"[load] {sc.name}: {sc.title}")
                     req = reqs[(sc.model, sc.binary)]
+                    rates: dict[str, float] = {}  # each server's req/s in its last run
                     for rnd in range(args.rounds):
                         for name, srv in running.items():
                             runs = results[sc.name][name]
@@ -1081,10 +1094,12 @@ def main() -> int:
                             body = bodies.get(sc.model) if sc.grpc else None
                             try:
                                 if args.warmup > 0 and rnd == 0:
-                                    run_load(srv, sc, req, body, args.warmup, wrk_cpus, work)
+                                    rates[name] = run_load(srv, sc, req, body, args.warmup,
+                                                           wrk_cpus, work)["rps"]
                                 cpu0 = group_cpu_seconds(srv.proc.pid)
                                 res = run_load(srv, sc, req, body, args.duration, wrk_cpus, work,
-                                               notes)
+                                               notes, rates.get(name))
+                                rates[name] = res["rps"]
                                 res["cpu_us"] = cpu_per_request(cpu0, srv.proc.pid, res)
                             except (ServerFailed, OSError) as e:
                                 log(f"  ERROR {name} {sc.name}: {e}")
