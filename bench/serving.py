@@ -257,13 +257,13 @@ def setup_bare(work: Path, models: dict[str, Path], port: int, threads: int) -> 
 
 def setup_mlserver(work: Path, models: dict[str, Path], port: int, threads: int) -> Launch:
     d = work / "mlserver"
-    d.mkdir(exist_ok=True)
+    d.mkdir()
     grpc_port = free_port()
     (d / "settings.json").write_text(json.dumps({
         "debug": False, "parallel_workers": 0, "host": "127.0.0.1", "http_port": port,
         "grpc_port": grpc_port, "metrics_port": free_port()}))
     for m, p in models.items():
-        (d / m).mkdir(exist_ok=True)
+        (d / m).mkdir()
         shutil.copy(p, d / m / "model.onnx")
         (d / m / "model-settings.json").write_text(json.dumps({
             "name": m, "implementation": "mlserver_ort.OnnxRuntimeModel",
@@ -482,17 +482,22 @@ def run_wrk(url: str, sc: Scenario, req: Request, seconds: float, cpus: str | No
     cmd = (["taskset", "-c", cpus] if cpus else []) + [
         "wrk", "-t1", f"-c{sc.conc}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
         "-s", str(script), url]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = children_cpu_seconds()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=seconds + 60)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    used = children_cpu_seconds() - before
     m = re.search(r"^BENCH_RESULT (\{.*\})$", p.stdout, re.M)
     if p.returncode != 0 or not m:
         raise ServerFailed(f"wrk failed ({p.returncode}): {p.stdout[-800:]} {p.stderr[-800:]}")
     res = json.loads(m.group(1))
     # cores wrk itself used: near 1.0, the load generator (one thread) is the limit, not the server
-    res["wrk_cores"] = (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) \
-        / max(1, round(seconds))
+    res["wrk_cores"] = used / max(1, round(seconds))
     return res
+
+
+def children_cpu_seconds() -> float:
+    """User + system CPU of this process's ended children so far (the load generators)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 # --------------------------------------------------------------------------------------------
@@ -845,9 +850,9 @@ def run_h2load(address: str, sc: Scenario, body: Path, seconds: float, cpus: str
     def pct(q: float) -> float:
         return times[min(len(times) - 1, int(q * len(times)))] if times else 0.0
 
-    return {"rps": succeeded / (elapsed if calls else max(1, round(seconds))),
-            "p50_us": pct(0.5), "p99_us": pct(0.99), "calls": succeeded,
-            "failed": sum(int(done.group(i)) for i in (4, 5, 6))}
+    took = elapsed if calls else max(1, round(seconds))
+    return {"rps": succeeded / took, "seconds": took, "p50_us": pct(0.5), "p99_us": pct(0.99),
+            "calls": succeeded, "failed": sum(int(done.group(i)) for i in (4, 5, 6))}
 
 
 def run_grpc(srv: Running, sc: Scenario, body: Path, seconds: float, cpus: str | None,
@@ -863,9 +868,9 @@ def run_grpc(srv: Running, sc: Scenario, body: Path, seconds: float, cpus: str |
         time.sleep(1.0)  # what an earlier timed run left in flight is counted by now
         ok0, bad0 = grpc_counters(srv.metrics_port, sc.model)
     calls = max(20 * sc.conc, round(rate * seconds)) if rate else None
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = children_cpu_seconds()
     res = run_h2load(address, sc, body, seconds, cpus, work, calls)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    used = children_cpu_seconds() - before
     failed = res["failed"]
     if counted:
         time.sleep(1.0)  # the last answers' counts land (Triton counts them asynchronously)
@@ -877,8 +882,7 @@ def run_grpc(srv: Running, sc: Scenario, body: Path, seconds: float, cpus: str |
     return {"rps": res["rps"], "p50_us": res["p50_us"], "p99_us": res["p99_us"],
             "requests": res["calls"], "non2xx": failed, "connect_err": 0, "read_err": 0,
             "write_err": 0, "timeout_err": 0,
-            "wrk_cores": (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-            / max(1, round(seconds))}
+            "wrk_cores": used / res["seconds"]}
 
 
 # --------------------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ import time
 import uvicorn
 
 from serving import parking, supervisor
-from serving.supervisor import admit_new_connections
 
 _ENV_REPO = "MMC_SERVE_MODEL_REPOSITORY"
 _ENV_REGISTRY = "MMC_SERVE_REGISTRY"
@@ -112,7 +111,7 @@ class DrainingServer(uvicorn.Server):
             await asyncio.sleep(0.05)
         if not self.should_exit and self.drain_until is None:
             for sock in sockets:
-                admit_new_connections(sock)
+                supervisor.admit_new_connections(sock)
 
     async def shutdown(self, sockets=None) -> None:
         """Let the kernel take no new connection, accept the ones it already took (the loop

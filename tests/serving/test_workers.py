@@ -122,7 +122,6 @@ def test_a_restarted_workers_socket_completes_no_connection_until_it_is_admitted
             listener.accept()
         assert supervisor.admit_new_connections(listener)
         with socket.create_connection(("127.0.0.1", port), timeout=5):
-            listener.setblocking(True)
             listener.settimeout(5)
             accepted, _ = listener.accept()
             accepted.close()
