@@ -459,7 +459,9 @@ def test_a_process_whose_only_model_fails_warm_up_is_live_but_never_ready(tmp_pa
         deadline = time.time() + 20
         while time.time() < deadline:
             try:
-                index = httpx.post(f"{lone.url}/v2/repository/index").json()
+                r = httpx.post(f"{lone.url}/v2/repository/index")
+                # a 503 "starting" (its table not loaded yet) is an error object, not the index
+                index = r.json() if r.status_code == 200 else []
                 if index and index[0]["state"] != "LOADING":
                     break
             except httpx.HTTPError:
