@@ -30,7 +30,7 @@ from serving.errors import (
     ReplicaStarting,
     ServingError,
 )
-from serving.limits import BodyReader, RequestLimits
+from serving.limits import BodyReader, EdgeLimits
 from serving.ratelimit import DEFAULT_SYNC_SECONDS, Admission, quota_store
 from serving.reconciler import Reconciler
 from serving.response_cache import DEFAULT_RESPONSE_CACHE_BYTES
@@ -65,7 +65,7 @@ class ServingSettings:
     # per request and version, for versions that set none (serving.routes)
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     # header/body timeouts, buffered-body budget, connection cap (serving.limits)
-    limits: RequestLimits = field(default_factory=RequestLimits)
+    limits: EdgeLimits = field(default_factory=EdgeLimits)
     # the replica's response-cache budget in bytes, shared by the versions that turn the
     # cache on (serving.response_cache); 0 turns it off here
     response_cache_bytes: int = DEFAULT_RESPONSE_CACHE_BYTES
@@ -79,6 +79,8 @@ class ServingSettings:
     # the gRPC front (serving.grpc_front) beside HTTP, in the same loop; None: off
     grpc_port: int | None = None
     grpc_host: str = "127.0.0.1"
+    # its transport: grpcio's server (default) or our own HTTP/2 one (serving.grpc_front)
+    grpc_transport: str = "grpcio"
     # Scale to zero: how long a request waits for its scaled-to-zero model to load before a
     # 503 with Retry-After (MMC_COLD_START_WAIT_SECONDS)
     cold_start_wait_seconds: float = 30.0
@@ -95,13 +97,14 @@ class ServingSettings:
             max_output_bytes=int(e.get("MMC_MAX_OUTPUT_BYTES", cls.max_output_bytes)),
             response_cache_bytes=int(e.get("MMC_RESPONSE_CACHE_BYTES",
                                            cls.response_cache_bytes)),
-            limits=RequestLimits.from_env(e),
+            limits=EdgeLimits.from_env(e),
             drain_seconds=float(e.get("MMC_DRAIN_SECONDS") or cls.drain_seconds),
             quota_redis_url=e.get("REDIS_URL", ""),
             quota_sync_seconds=float(e.get("MMC_QUOTA_SYNC_SECONDS")
                                      or cls.quota_sync_seconds),
             grpc_port=int(e["MMC_GRPC_PORT"]) if e.get("MMC_GRPC_PORT") else None,
             grpc_host=e.get("MMC_GRPC_HOST") or cls.grpc_host,
+            grpc_transport=e.get("MMC_GRPC_TRANSPORT") or cls.grpc_transport,
             cold_start_wait_seconds=float(e.get("MMC_COLD_START_WAIT_SECONDS")
                                           or cls.cold_start_wait_seconds),
         )
@@ -221,7 +224,8 @@ class ServingApp:
         settings = self.settings
         self.grpc = GrpcFront(
             self.dataplane, host=settings.grpc_host, port=settings.grpc_port,
-            max_message_bytes=settings.max_body_bytes,
+            max_message_bytes=settings.max_body_bytes, limits=settings.limits,
+            transport=settings.grpc_transport,
             # one of several workers (serving.supervisor): each binds the port itself
             reuse_port=os.environ.get("MMC_SERVE_WORKER_INDEX") is not None)
         await self.grpc.start()

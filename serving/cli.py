@@ -198,7 +198,9 @@ def serve(app, *, serving=None, sockets=None, held: bool = False, **options) -> 
     (`serve(console.asgi.application, serving=console.asgi.serving_app, ...)`). `sockets`: an
     already bound listener to serve on (a worker of serving.supervisor) instead of host:port."""
     from serving.app import DEFAULT_DRAIN_SECONDS
+    from serving.limits import raise_open_files_limit
 
+    raise_open_files_limit()  # the connection budget counts on it (serving.limits.EdgeLimits)
     serving = app if serving is None else serving
     seconds = getattr(getattr(serving, "settings", None), "drain_seconds", DEFAULT_DRAIN_SECONDS)
     server = DrainingServer(uvicorn.Config(app, **options), app=serving, drain_seconds=seconds,

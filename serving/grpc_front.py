@@ -1,7 +1,14 @@
 """The gRPC front: KServe v2 `inference.GRPCInferenceService` (with Triton's extensions that
-tritonclient.grpc calls) over the same DataPlane as the HTTP front, on serving.grpc_server (our
-HTTP/2 transport) in the HTTP server's event loop; plus gRPC health checking and server
-reflection, grpcio's own servicers.
+tritonclient.grpc calls) over the same DataPlane as the HTTP front, in the HTTP server's event
+loop; plus gRPC health checking and server reflection, grpcio's own servicers.
+
+Two transports carry it (MMC_GRPC_TRANSPORT): `grpcio` (the default) is grpcio's own asyncio
+server, configured from the listeners' one set of limits (serving.limits.EdgeLimits): message
+size, connections, handshake and idle timeouts, concurrent streams, keepalive policy, metadata
+size. `fast` is our own HTTP/2 connection (serving.grpc_server over serving.http2): about twice
+grpcio's calls per second on one core, but bounded less well against hostile clients (measured
+side by side by bench/edge.py; docs/grpc.md has the figures), so it is opt-in, for a port that only
+trusted clients reach.
 
 Like serving.app for HTTP, it only adapts: metadata carries what HTTP headers carry (predict key
 as `authorization: Bearer <key>` or `x-api-key`, `x-routing-key`, and `x-model-version` to pin
@@ -29,7 +36,7 @@ from serving.grpc_codec import (
     encode_model_infer_response,
     parse_model_infer_request,
 )
-from serving.grpc_server import GrpcServer
+from serving.limits import EdgeLimits
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +51,7 @@ STATUS_CODES = {
     408: grpc.StatusCode.DEADLINE_EXCEEDED,
     409: grpc.StatusCode.FAILED_PRECONDITION,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     501: grpc.StatusCode.UNIMPLEMENTED,
     503: grpc.StatusCode.UNAVAILABLE,
 }
@@ -293,25 +301,82 @@ for _name in ("TraceSetting", "LogSettings"):
     setattr(InferenceServicer, _name, _unimplemented(_name, "not offered by this server"))
 
 
+#: MMC_GRPC_TRANSPORT's values (see the module's docstring)
+TRANSPORTS = ("grpcio", "fast")
+
+
+def grpcio_options(limits: EdgeLimits, *, max_message_bytes: int, max_connections: int,
+                   reuse_port: bool) -> list[tuple[str, int]]:
+    """grpcio's channel arguments for our limits: each bound a number from EdgeLimits."""
+    options = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", -1),
+        ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
+        ("grpc.server_handshake_timeout_ms", int(limits.header_timeout_s * 1000)),
+        ("grpc.max_connection_idle_ms", int(limits.idle_timeout_s * 1000)),
+        ("grpc.http2.min_ping_interval_without_data_ms", int(limits.min_ping_interval_s * 1000)),
+        ("grpc.http2.max_ping_strikes", limits.max_ping_strikes),
+        ("grpc.max_metadata_size", limits.max_header_bytes),
+        ("grpc.absolute_max_metadata_size", limits.max_header_bytes),
+        # grpcio binds with SO_REUSEPORT unless told not to: a second server on a taken port
+        # would then share it silently instead of failing to start
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
+    ]
+    if max_connections:
+        options.append(("grpc.max_allowed_incoming_connections", max_connections))
+    return options
+
+
+class _GrpcioServer:
+    """grpcio's asyncio server behind the few calls GrpcFront makes of a transport."""
+
+    def __init__(self, options: list) -> None:
+        self._server = grpc.aio.server(options=options)
+        self.listening = False
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        self._server.add_registered_method_handlers(service, handlers)
+
+    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> int:
+        bound = self._server.add_insecure_port(f"{host}:{port}")
+        if not bound:
+            raise OSError(f"gRPC: cannot listen on {host}:{port}")
+        await self._server.start()
+        self.listening = True
+        return bound
+
+    async def stop(self, grace: float) -> None:
+        self.listening = False
+        await self._server.stop(grace)
+
+
 class GrpcFront:
     """The gRPC server beside the HTTP one, in the same event loop and process: started after
     the reconciler, NOT_SERVING from the drain's start, stopped (no new calls, in-flight ones
     finish) before the models are released."""
 
     def __init__(self, dataplane: DataPlane, *, host: str, port: int,
-                 max_message_bytes: int, reuse_port: bool = False) -> None:
+                 max_message_bytes: int, reuse_port: bool = False,
+                 limits: EdgeLimits | None = None, transport: str = "grpcio") -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"MMC_GRPC_TRANSPORT={transport!r}: one of {', '.join(TRANSPORTS)}")
         self.dataplane = dataplane
         self.address = f"{host}:{port}"
         self.port = port
         self.max_message_bytes = max_message_bytes
         self.reuse_port = reuse_port
-        self.server: GrpcServer | None = None
+        self.limits = limits if limits is not None else EdgeLimits()
+        self.transport = transport
+        self.server = None  # the transport's server, while started
         self.health = _Health(self._sync_health)
         self._watch: asyncio.Task | None = None
         self._draining = False
 
     async def start(self) -> None:
-        server = GrpcServer(max_receive_message_length=self.max_message_bytes)
+        server = self._new_server()
         servicer = InferenceServicer(self.dataplane)
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
         # ModelInfer's large raw inputs stay in the received buffer (no protobuf copy)
@@ -329,6 +394,17 @@ class GrpcFront:
         self.server = server
         self._watch = asyncio.create_task(self._follow_readiness())
         log.info("gRPC on %s", self.address)
+
+    def _new_server(self):
+        connections = self.limits.connection_caps(grpc=True)[1]
+        if self.transport == "fast":
+            from serving.grpc_server import GrpcServer
+
+            return GrpcServer(max_receive_message_length=self.max_message_bytes,
+                              limits=self.limits, max_connections=connections)
+        return _GrpcioServer(grpcio_options(
+            self.limits, max_message_bytes=self.max_message_bytes, max_connections=connections,
+            reuse_port=self.reuse_port))
 
     async def _sync_health(self) -> None:
         """'' (the server) and the inference service: SERVING exactly when /v2/health/ready
@@ -350,16 +426,18 @@ class GrpcFront:
                 log.exception("gRPC health update failed")
 
     async def park(self) -> None:
-        """serving.parking: stop listening (the worker then lets the connections go)."""
-        if self.server is not None:
+        """serving.parking: stop listening (the worker then lets the connections go). Only the
+        fast transport can: grpcio's server listens until it stops."""
+        if self.server is not None and hasattr(self.server, "stop_listening"):
             await self.server.stop_listening()
 
     async def unpark(self) -> None:
-        if self.server is not None and not self.server.listening:
+        if (self.server is not None and hasattr(self.server, "listen")
+                and not self.server.listening):
             await self.server.listen()
 
     def let_go(self, share: float) -> None:
-        if self.server is not None:
+        if self.server is not None and hasattr(self.server, "let_go"):
             self.server.let_go(share)
 
     async def begin_drain(self) -> None:

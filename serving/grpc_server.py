@@ -23,6 +23,7 @@ import zlib
 import grpc
 
 from serving.http2 import Http2Connection, Stream, header_field, status_field
+from serving.limits import EdgeLimits
 from serving.parking import share_of
 from serving.supervisor import reuse_port_listener, stop_listening
 
@@ -416,8 +417,11 @@ class GrpcServer:
     """The gRPC server object the servicers register on: handlers by method path,
     one listening socket, graceful stop."""
 
-    def __init__(self, *, max_receive_message_length: int) -> None:
+    def __init__(self, *, max_receive_message_length: int, limits: EdgeLimits | None = None,
+                 max_connections: int = 0) -> None:
         self.max_receive_message_length = max_receive_message_length
+        self.limits = limits if limits is not None else EdgeLimits()
+        self.max_connections = max_connections
         self._methods: dict[str, grpc.RpcMethodHandler] = {}
         self._generic: list = []
         self.connections: set[Http2Connection] = set()

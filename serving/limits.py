@@ -1,8 +1,8 @@
-"""Bounds on what a client can make the data plane hold: how long a request body may take to
-arrive, and how many body bytes the whole process buffers at once.
-
-The header side (header timeout and size, connection cap) lives in serving/protocol.py, below
-the ASGI app; this module is the ASGI side and knows nothing of uvicorn. The hot path, a small
+"""Bounds on what a client can make a listener hold, in one place (EdgeLimits): the HTTP
+listener (serving.protocol: header timeout and size, its share of the connection budget), the
+gRPC port (serving.grpc_front: grpcio's server configured from the same figures) and the ASGI
+side here (BodyReader: how long a request body may take to arrive, and how many body bytes the
+whole process buffers at once). BodyReader knows nothing of uvicorn. The hot path, a small
 body that arrives with its headers, costs one dict insert and one delete: deadlines are checked
 by one periodic sweep per process, not by a timer per request.
 """
@@ -31,28 +31,96 @@ TRIM_DELAY_S = 1.0
 
 
 @dataclass(frozen=True)
-class RequestLimits:
-    """Request-side limits, from MMC_* environment variables (see from_env for the names)."""
+class EdgeLimits:
+    """Every bound a client meets at the network edge, for every listener (HTTP/1.1, the gRPC
+    port, the embedded console), read from MMC_* environment variables in one place (from_env):
+    the transports take their figures from here and restate none.
 
-    header_timeout_s: float = 10.0
-    max_header_bytes: int = 64 * 1024
+    `max_connections` is one process-wide budget of client connections: it is capped by the
+    file descriptors the process may open, less `fd_reserve` kept for the database, the
+    artifact store and logs, and split between the listeners (connection_caps).
+    """
+
+    header_timeout_s: float = 10.0  # HTTP: a request's head; gRPC: the connection's handshake
+    max_header_bytes: int = 64 * 1024  # HTTP: a request's head; gRPC: a call's metadata
     body_idle_timeout_s: float = 10.0
     body_min_rate: float = 16 * 1024  # bytes/s on average, enforced after body_idle_timeout_s
     buffered_body_budget_bytes: int = 256 * 1024 * 1024
     max_connections: int = 2048
+    fd_reserve: int = 256
+    #: the share of max_connections the gRPC port may hold when it is on (the rest is HTTP's)
+    grpc_connection_share: float = 0.25
+    idle_timeout_s: float = 60.0  # a connection with no call in flight is closed after this
+    max_concurrent_streams: int = 100  # gRPC calls in flight on one connection
+    #: keepalive: a client may ping at most this often with no call in flight; pings faster
+    #: than that are strikes, and a few strikes end the connection (GOAWAY too_many_pings)
+    min_ping_interval_s: float = 10.0
+    max_ping_strikes: int = 2
 
     @classmethod
-    def from_env(cls, env=None) -> RequestLimits:
+    def from_env(cls, env=None) -> EdgeLimits:
         e = os.environ if env is None else env
+
+        def get(name: str, kind, default):
+            value = e.get(name)
+            return kind(value) if value not in (None, "") else default
+
         return cls(
-            header_timeout_s=float(e.get("MMC_HEADER_TIMEOUT_S", cls.header_timeout_s)),
-            max_header_bytes=int(e.get("MMC_MAX_HEADER_BYTES", cls.max_header_bytes)),
-            body_idle_timeout_s=float(e.get("MMC_BODY_IDLE_TIMEOUT_S", cls.body_idle_timeout_s)),
-            body_min_rate=float(e.get("MMC_BODY_MIN_RATE", cls.body_min_rate)),
-            buffered_body_budget_bytes=int(e.get("MMC_BUFFERED_BODY_BUDGET_BYTES",
-                                                 cls.buffered_body_budget_bytes)),
-            max_connections=int(e.get("MMC_MAX_CONNECTIONS", cls.max_connections)),
+            header_timeout_s=get("MMC_HEADER_TIMEOUT_S", float, cls.header_timeout_s),
+            max_header_bytes=get("MMC_MAX_HEADER_BYTES", int, cls.max_header_bytes),
+            body_idle_timeout_s=get("MMC_BODY_IDLE_TIMEOUT_S", float, cls.body_idle_timeout_s),
+            body_min_rate=get("MMC_BODY_MIN_RATE", float, cls.body_min_rate),
+            buffered_body_budget_bytes=get("MMC_BUFFERED_BODY_BUDGET_BYTES", int,
+                                           cls.buffered_body_budget_bytes),
+            max_connections=get("MMC_MAX_CONNECTIONS", int, cls.max_connections),
+            fd_reserve=get("MMC_FD_RESERVE", int, cls.fd_reserve),
+            grpc_connection_share=get("MMC_GRPC_CONNECTION_SHARE", float,
+                                      cls.grpc_connection_share),
+            idle_timeout_s=get("MMC_IDLE_TIMEOUT_S", float, cls.idle_timeout_s),
+            max_concurrent_streams=get("MMC_MAX_CONCURRENT_STREAMS", int,
+                                       cls.max_concurrent_streams),
+            min_ping_interval_s=get("MMC_MIN_PING_INTERVAL_S", float, cls.min_ping_interval_s),
+            max_ping_strikes=get("MMC_MAX_PING_STRIKES", int, cls.max_ping_strikes),
         )
+
+    def connection_budget(self) -> int:
+        """Client connections the whole process may hold: max_connections, or fewer where the
+        file-descriptor limit less the reserve is lower (0: no cap asked for)."""
+        if not self.max_connections:
+            return 0
+        return max(1, min(self.max_connections, open_files_limit() - self.fd_reserve))
+
+    def connection_caps(self, *, grpc: bool) -> tuple[int, int]:
+        """(HTTP, gRPC) connection caps: one budget, split when the gRPC port is on."""
+        budget = self.connection_budget()
+        if not grpc or not budget:
+            return budget, 0
+        grpc_cap = max(1, int(budget * self.grpc_connection_share))
+        return max(1, budget - grpc_cap), grpc_cap
+
+
+def raise_open_files_limit() -> int:
+    """Lift the soft file-descriptor limit to the hard one (the default soft limit, often
+    1,024, is lower than the connection budget), and return what is in force."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, OSError, ValueError):
+        pass
+    return open_files_limit()
+
+
+def open_files_limit() -> int:
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError):
+        return 1 << 20
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 class _Read:
@@ -67,9 +135,9 @@ class _Read:
 
 
 class BodyReader:
-    """Reads ASGI request bodies under RequestLimits, with one process-wide byte budget."""
+    """Reads ASGI request bodies under EdgeLimits, with one process-wide byte budget."""
 
-    def __init__(self, limits: RequestLimits) -> None:
+    def __init__(self, limits: EdgeLimits) -> None:
         self.limits = limits
         self.budget = limits.buffered_body_budget_bytes
         self.buffered = 0  # bytes of unfinished bodies held (or reserved) right now

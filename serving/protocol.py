@@ -6,23 +6,25 @@ response), and httptools accepts headers of any size, so without these a client 
 byte a second, or megabytes of headers, holds its connection and memory for as long as it likes.
 Use it with `uvicorn.run(..., http=GuardedHttpToolsProtocol)` or
 `uvicorn --http serving.protocol:GuardedHttpToolsProtocol`; limits come from the environment
-(serving.limits.RequestLimits). The body side is the app's (serving.limits.BodyReader).
+(serving.limits.EdgeLimits). The body side is the app's (serving.limits.BodyReader).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from serving.limits import RequestLimits
+from serving.limits import EdgeLimits
 
 
-def _raw_response(status: str, message: str) -> bytes:
+def _raw_response(status: str, message: str, extra: bytes = b"") -> bytes:
     body = orjson.dumps({"error": message})
     return b"".join([b"HTTP/1.1 ", status.encode(), b"\r\ncontent-type: application/json\r\n",
-                     b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body), body])
+                     extra, b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body),
+                     body])
 
 
 class _CoalescingTransport:
@@ -113,7 +115,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     read never arms a timer; a connection's one timer re-arms itself while heads trickle in.
     """
 
-    limits: RequestLimits | None = None  # read from the environment at the first connection
+    limits: EdgeLimits | None = None  # read from the environment at the first connection
+    #: this listener's share of the process's connection budget (EdgeLimits.connection_caps)
+    connection_cap = 0
     #: Set (on the class) by serving.cli.DrainingServer on SIGTERM: from then on every answer
     #: says `Connection: close`, so no client keeps a pooled connection the exit would cut.
     draining = False
@@ -124,14 +128,23 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         HttpToolsProtocol.connection_made(self, _CoalescingTransport(transport, self.loop))
         limits = type(self).limits
         if limits is None:
-            limits = type(self).limits = RequestLimits.from_env()
+            limits = type(self).limits = EdgeLimits.from_env()
+            type(self).connection_cap = limits.connection_caps(
+                grpc=bool(os.environ.get("MMC_GRPC_PORT")))[0]
         self._limits = limits
         self._timed_scope: dict | None = None  # the head the clock below belongs to
         self._head_since = self.loop.time()  # the first head's clock starts at connect
         self._head_bytes = 0
         self._header_timer: asyncio.TimerHandle | None = None
-        if limits.max_connections and len(self.connections) > limits.max_connections:
-            self.app = _over_connection_cap  # answers the first request with 503 and closes
+        cap = self.connection_cap
+        if cap and len(self.connections) > cap:
+            # refused at once, not at its first request: a crowd of silent connections over
+            # the cap would otherwise hold a file descriptor each until the header timeout
+            self.transport.write(_raw_response("503 Service Unavailable", (
+                f"the server has its maximum of {cap} connections open: retry shortly"),
+                b"retry-after: 1\r\n"))
+            self.transport.close()
+            return
         if limits.header_timeout_s > 0:  # an idle new connection is a slow header sender too
             self._header_timer = self.loop.call_later(limits.header_timeout_s,
                                                       self._header_deadline)
@@ -212,13 +225,3 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _refuse(self, status: str, message: str) -> None:
         self.transport.write(_raw_response(status, message))
         self.transport.close()
-
-
-async def _over_connection_cap(scope, receive, send) -> None:
-    limit = GuardedHttpToolsProtocol.limits.max_connections
-    body = orjson.dumps({"error": f"the server has its maximum of {limit} connections open: "
-                                  "retry shortly"})
-    await send({"type": "http.response.start", "status": 503, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-        (b"retry-after", b"1"), (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": body})

@@ -67,13 +67,15 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["grpcio", "fast"])
+def server(request, tmp_path_factory):
+    """One server per gRPC transport (MMC_GRPC_TRANSPORT): the default, grpcio's server, and
+    our own HTTP/2 one; every spec here holds for both."""
     root = tmp_path_factory.mktemp("grpc-repo") / "models"
     for name, versions in MODELS.items():
         for i, data in enumerate(versions, start=1):
             write_model(root, name, str(i), data, CONFIGS.get(name))
-    srv = Server(root, grpc=True)
+    srv = Server(root, grpc=True, MMC_GRPC_TRANSPORT=request.param)
     try:
         srv.wait_ready()
         yield srv
