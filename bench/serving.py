@@ -345,15 +345,18 @@ def setup_triton(work: Path, models: dict[str, Path], port: int, threads: int,
 
 
 def setup_ours(work: Path, models: dict[str, Path], port: int, threads: int,
-               checkout: Path | None = None, workers: int | None = None) -> Launch:
-    """Our server on a model repository; from `checkout` (another tree of this repo) if given."""
+               checkout: Path | None = None, workers: int | None = None,
+               extra_env: dict[str, str] | None = None) -> Launch:
+    """Our server on a model repository; from `checkout` (another tree of this repo) if given;
+    `extra_env`: settings for it (--ours-env, e.g. MMC_GRPC_TRANSPORT=fast)."""
     d = work / ("before" if checkout else "ours")
     for m, p in models.items():
         (d / m / "1").mkdir(parents=True, exist_ok=True)
         shutil.copy(p, d / m / "1" / "model.onnx")
         (d / m / "config.json").write_text(
             json.dumps({"max_batch_size": MAX_BATCH[m], "max_queue_delay_us": 0}))
-    env = {"MMC_ORT_INTRA_OP_THREADS": str(threads), "MMC_ORT_INTER_OP_THREADS": "1"}
+    env = {"MMC_ORT_INTRA_OP_THREADS": str(threads), "MMC_ORT_INTER_OP_THREADS": "1",
+           **(extra_env or {})}
     cmd = [str(OUR_SERVE)]
     if checkout:
         cmd = [str(OUR_PY), "-c", "from serving.cli import main; main()"]
@@ -930,12 +933,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "default, as users run it); before keeps its own default")
     p.add_argument("--triton-delay-us", type=int, default=500,
                    help="Triton dynamic_batching max_queue_delay_microseconds")
+    p.add_argument("--ours-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an environment setting for 'ours' only (repeatable), e.g. "
+                        "MMC_GRPC_TRANSPORT=fast")
     p.add_argument("--output", default=str(RESULTS), help="markdown file to write")
     p.add_argument("--grpc", action="store_true",
                    help="only the gRPC scenarios (written to "
                         f"{GRPC_RESULTS.relative_to(REPO)} unless --output says otherwise)")
     a = p.parse_args(argv)
     a.servers = [s.strip() for s in a.only.split(",") if s.strip()]
+    bad_env = [kv for kv in a.ours_env if "=" not in kv]
+    if bad_env:
+        p.error(f"--ours-env wants NAME=VALUE, not {bad_env[0]!r}")
+    a.ours_env = dict(kv.split("=", 1) for kv in a.ours_env)
     if a.before and "before" not in a.servers:
         a.servers.append("before")
     if "before" in a.servers and not a.before:
@@ -1027,7 +1037,7 @@ def main() -> int:
             "triton": lambda p: setup_triton(work, models, p, args.ort_threads,
                                              args.triton_delay_us),
             "ours": lambda p: setup_ours(work, models, p, args.ort_threads,
-                                         workers=args.ours_workers),
+                                         workers=args.ours_workers, extra_env=args.ours_env),
             "before": lambda p: setup_ours(work, models, p, args.ort_threads,
                                            Path(args.before)),
         }

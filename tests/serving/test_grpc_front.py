@@ -56,6 +56,7 @@ MODELS = {
     "mlp": [samples.mlp(seed=0), samples.mlp(seed=1)],
     "fixed": [samples.identity(TensorProto.FLOAT, [2, 3])],
     "secret": [samples.identity(TensorProto.FLOAT, ["batch", 4])],
+    "limited": [samples.identity(TensorProto.FLOAT, ["batch", 4])],
     "wide-fp32": [samples.identity(TensorProto.FLOAT, ["batch", "n"])],
     "wide-bytes": [samples.identity(TensorProto.STRING, ["batch", "n"])],
     **{f"id-{dt.lower()}": [samples.identity(proto, ["batch", 4])]
@@ -64,6 +65,7 @@ MODELS = {
 CONFIGS = {
     "mlp": {"max_batch_size": 32, "stable": "1"},
     "secret": {"api_key_sha256": [hashlib.sha256(API_KEY.encode()).hexdigest()]},
+    "limited": {"limits": {"rps": 0.01, "burst": 1}},  # one call, then 100 s to the next token
 }
 
 
@@ -350,6 +352,18 @@ def test_a_predict_key_opens_its_model_over_metadata_as_over_headers(client, stu
     meta = stub.ModelMetadata(pb.ModelMetadataRequest(name="secret"),
                               metadata=[("x-api-key", API_KEY)])
     assert meta.name == "secret"
+
+
+def test_a_rate_limit_refusal_is_resource_exhausted_naming_the_limit(stub):
+    request = pb.ModelInferRequest(
+        model_name="limited", inputs=[pb.ModelInferRequest.InferInputTensor(
+            name="x", datatype="FP32", shape=[1, 4])],
+        raw_input_contents=[np.zeros((1, 4), np.float32).tobytes()])
+    stub.ModelInfer(request)  # the burst's one call
+    error = _status(stub.ModelInfer, request)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
+    assert "rate limit" in error.details()
+    assert dict(error.trailing_metadata())["retry-after"] == "100"
 
 
 def test_unknown_models_are_not_found_for_metadata_config_and_statistics(stub):
