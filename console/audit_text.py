@@ -16,7 +16,7 @@ ENDPOINT_VERBS = {
     "bg-deploy": "put a version on the idle colour of", "switch": "switched blue/green traffic of",
     "switch-back": "switched blue/green traffic back on", "bg-finish": "finished blue/green on",
     "shadow-start": "started shadowing on", "shadow-stop": "stopped shadowing on",
-    "undeploy": "undeployed",
+    "undeploy": "undeployed", "withdraw": "withdrew a rejected version's traffic on",
 }
 SIMPLE = {
     "model.create": "created model {target}", "model.update": "edited model {target}",

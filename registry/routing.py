@@ -2,9 +2,11 @@
 
 `Routing` is read from an `Endpoint` (its version columns and its `rollout_state`) and answers
 what every floor used to re-derive: the state the endpoint is in, the live and idle versions, the
-traffic split, the versions a replica must load. Services mutate the endpoint through the typed
-`RolloutState` (automated analysis, blue-green, a pending unload-first rollback); the console,
-webhooks, API serializers and the serving source only read.
+traffic split, the versions a replica must load, and (`entrances`) which versions a change gives
+traffic they did not have: what the one gate where routing changes checks
+(registry/services/gate.py). Services mutate the endpoint through the typed `RolloutState`
+(automated analysis, blue-green, a pending unload-first rollback); the console, webhooks, API
+serializers and the serving source only read.
 
 Pure: no database, no Django; version references are whatever the caller holds (ids, numbers).
 """
@@ -287,3 +289,26 @@ class Routing(Generic[V]):
         vs = {self.stable, self.candidate, self.blue, self.green, self.shadow, *self.warm}
         vs.discard(None)
         return vs
+
+    def entrances(self, before: Routing[V]) -> list[tuple[V, str]]:
+        """(version, role) for each version this routing gives traffic it did not have in
+        `before`: the live role (stable, or the live slot), a candidate or more weight for it,
+        the idle slot, the shadow. The role is worded for "it cannot ...". Taking traffic away
+        (abort, undeploy, rollback's old stable, a switch's old live going idle) enters
+        nothing, so it is never refused."""
+        out: list[tuple[V, str]] = []
+        if self.live is not None and self.live != before.live:
+            out.append((self.live, f"go live in the {self.live_color} slot" if self.live_color
+                        else "become stable"))
+        if self.candidate is not None:
+            if self.candidate != before.candidate:
+                out.append((self.candidate,
+                            f"become the canary candidate ({self.candidate_weight} %)"))
+            elif self.candidate_weight > before.candidate_weight:
+                out.append((self.candidate, f"take {self.candidate_weight} % of traffic as the "
+                                            f"canary candidate"))
+        if self.idle is not None and self.idle not in (before.idle, before.live):
+            out.append((self.idle, f"fill the idle {self.idle_color} slot"))
+        if self.shadow is not None and self.shadow != before.shadow:
+            out.append((self.shadow, "shadow live traffic"))
+        return out

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import Count, OuterRef, Prefetch, QuerySet, Subquery
+from django.db.models import Count, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from registry.choices import ApprovalState
 from registry.errors import LifecycleError, NotFound
 from registry.models import (
     Alias,
@@ -89,6 +90,75 @@ def ready_versions(model: RegisteredModel, numbers: list[int], *,
 def ready_version(model: RegisteredModel, number: int, *, field: str = "version") -> ModelVersion:
     """Version `number` of `model`, which must exist and be ready (see ready_versions)."""
     return ready_versions(model, [number], field=field)[0]
+
+
+@dataclass(frozen=True)
+class TrafficRefusal:
+    """Why a version may not take traffic, worded after "version 2 of 'fraud' ...": `why` is its
+    own state ("is rejected") or, for a pipeline, a step's; `state` is that state alone."""
+
+    why: str
+    state: str
+    rule: str  # "ready" | "requires_approval"
+    hint: str = ""
+
+
+def _own_refusal(version: ModelVersion) -> TrafficRefusal | None:
+    if version.status != VersionStatus.READY:
+        return TrafficRefusal(f"is {version.status}, not ready", version.status, "ready",
+                              version.failure_reason or "")
+    model = version.model
+    if not model.requires_approval or version.approval == ApprovalState.APPROVED:
+        return None
+    if version.approval == ApprovalState.REJECTED:
+        return TrafficRefusal("is rejected", "rejected", "requires_approval")
+    return TrafficRefusal(f"is {version.approval} approval", version.approval,
+                          "requires_approval", f"model {model.name!r} requires approval before "
+                          f"promotion; approve it first")
+
+
+def _step_versions(versions: list[ModelVersion]) -> dict[tuple[str, int], ModelVersion]:
+    """The step versions of every pipeline among `versions`, in one query."""
+    pairs = {(s["model"], s["version"]) for v in versions if v.pipeline
+             for s in v.pipeline.get("steps", [])}
+    if not pairs:
+        return {}
+    match = Q()
+    for model_name, number in pairs:
+        match |= Q(model__name=model_name, number=number)
+    return {(v.model.name, v.number): v
+            for v in ModelVersion.objects.select_related("model").filter(match)}
+
+
+def traffic_refusal(version: ModelVersion, *,
+                    steps: dict[tuple[str, int], ModelVersion] | None = None
+                    ) -> TrafficRefusal | None:
+    """The one rule for taking traffic (stable, a candidate's weight, a blue-green slot, shadow,
+    the production alias, a pipeline step): the version is ready and, where its model requires
+    approval, approved; a pipeline, and each of its steps too. None: it may."""
+    own = _own_refusal(version)
+    if own is not None or not version.pipeline:
+        return own
+    steps = _step_versions([version]) if steps is None else steps
+    for step in version.pipeline.get("steps", []):
+        found = steps.get((step["model"], step["version"]))
+        label = f"step {step['name']!r} on version {step['version']} of {step['model']!r}"
+        if found is None:
+            return TrafficRefusal(f"runs {label}, which does not exist", "missing", "ready")
+        refused = _own_refusal(found)
+        if refused is not None:
+            return replace(refused, why=f"runs {label}, which {refused.why}")
+    return None
+
+
+def traffic_versions(model: RegisteredModel) -> list[ModelVersion]:
+    """The model's versions that may take traffic (traffic_refusal), newest first: what every
+    routing picker offers, and what a refused routing change names as the choices."""
+    versions = list(model.versions.filter(status=VersionStatus.READY).order_by("-number"))
+    for v in versions:
+        v.model = model
+    steps = _step_versions(versions)
+    return [v for v in versions if traffic_refusal(v, steps=steps) is None]
 
 
 def alias_list(model: RegisteredModel) -> QuerySet[Alias]:

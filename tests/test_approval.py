@@ -1,8 +1,10 @@
-"""The approval gate: a model may require that a version be approved before it is promoted.
-Every promotion (deploy, canary start and promote, blue-green deploy and switch, the
-`production` alias) refuses an unapproved version with a 409 naming the rule; the automated
-canary analysis holds instead of promoting one; only an engineer or admin other than the
-uploader decides, a rejection says why, and each decision is audited, kept and announced."""
+"""The approval gate: a model may require that a version be approved before it takes traffic.
+Every routing change (deploy, canary start, weight and promote, rollback, blue-green deploy and
+switch, shadow, the `production` alias) refuses an unapproved version with a 409 naming the
+version, its state and the role (tests/test_routing_gate.py crosses them all); the automated
+canary analysis holds instead of giving one more traffic; only an engineer or admin other than
+the uploader decides, a rejection says why and ends what traffic the version had, and each
+decision is audited, kept and announced."""
 
 from __future__ import annotations
 
@@ -30,8 +32,14 @@ from registry.signatures import extract_signature
 from tests.test_rollouts import fed, figures
 
 M = "fraud"
-GATE = ("model 'fraud' requires approval before promotion; version {n} is {state} — "
-        "approve it first")
+HINT = " — model 'fraud' requires approval before promotion; approve it first"
+
+
+def gate(n: int, state: str, role: str = "become stable") -> str:
+    """The gate's refusal (registry/services/gate.py)."""
+    if state == "pending":
+        return f"version {n} of 'fraud' is pending approval: it cannot {role}{HINT}"
+    return f"version {n} of 'fraud' is {state}: it cannot {role}"
 
 
 def person(name: str, role: str) -> Actor:
@@ -64,6 +72,8 @@ def ep() -> Endpoint:
     return Endpoint.objects.select_related("stable", "candidate").get(model__name=M)
 
 
+ROLES = {"deploy": "become stable", "canary": "become the canary candidate (10 %)",
+         "bg-deploy": "fill the idle green slot", "production-alias": "hold the production alias"}
 PROMOTIONS = {
     "deploy": lambda a, n: services.endpoint_deploy(model_name=M, version_number=n, actor=a),
     "canary": lambda a, n: services.canary_start(model_name=M, version_number=n, weight=10,
@@ -106,7 +116,7 @@ def test_each_promotion_refuses_a_pending_version_naming_the_rule(team, op):
     with pytest.raises(LifecycleError) as caught:
         PROMOTIONS[op](team["alice"], 2)
     assert caught.value.status == 409
-    assert caught.value.message == GATE.format(n=2, state="pending")
+    assert caught.value.message == gate(2, "pending", ROLES[op])
     assert caught.value.details["rule"] == "requires_approval"
     assert ep().revision == before and ep().stable.number == 1
 
@@ -119,36 +129,37 @@ def test_each_promotion_takes_the_version_once_approved(team, op):
 
 def test_a_rejected_version_is_refused_and_the_message_says_rejected(team):
     services.version_reject(model_name=M, number=3, actor=team["carol"], comment="AUC dropped")
-    with pytest.raises(LifecycleError, match=GATE.format(n=3, state="rejected")):
+    with pytest.raises(LifecycleError) as caught:
         services.endpoint_deploy(model_name=M, version_number=3, actor=team["alice"])
+    assert caught.value.message == gate(3, "rejected")
 
 
 def test_a_refused_deploy_is_audited_as_a_refusal(team):
     with pytest.raises(LifecycleError):
         services.endpoint_deploy(model_name=M, version_number=2, actor=team["alice"])
     refused = AuditEvent.objects.get(action="endpoint.deploy.refused")
-    assert "requires approval before promotion" in refused.after["error"]
+    assert refused.after["error"] == gate(2, "pending")
 
 
-def test_promote_refuses_a_candidate_rejected_after_its_canary_started(team):
+def test_rejecting_a_candidate_after_its_canary_started_ends_the_canary(team):
     services.version_approve(model_name=M, number=2, actor=team["bob"])
     services.canary_start(model_name=M, version_number=2, weight=10, actor=team["alice"])
     services.version_reject(model_name=M, number=2, actor=team["bob"], comment="bias found")
-    with pytest.raises(LifecycleError, match=GATE.format(n=2, state="rejected")):
-        services.canary_promote(model_name=M, actor=team["alice"])
-    services.canary_abort(model_name=M, actor=team["alice"])  # aborting is never gated
     assert ep().stable.number == 1 and ep().candidate is None
+    with pytest.raises(LifecycleError, match="in state 'stable'"):
+        services.canary_promote(model_name=M, actor=team["alice"])
 
 
-def test_switch_refuses_an_idle_colour_rejected_after_it_was_deployed(team):
+def test_rejecting_an_idle_colour_after_it_was_deployed_empties_it(team):
     services.version_approve(model_name=M, number=2, actor=team["bob"])
     services.bluegreen_deploy(model_name=M, version_number=2, actor=team["alice"])
     services.version_reject(model_name=M, number=2, actor=team["bob"], comment="regression")
-    with pytest.raises(LifecycleError, match=GATE.format(n=2, state="rejected")):
+    assert ep().green is None and ep().blue.number == 1
+    with pytest.raises(LifecycleError, match="the idle colour .green. has no version"):
         services.bluegreen_switch(model_name=M, actor=team["alice"])
 
 
-def test_other_aliases_and_rollbacks_are_not_gated(team):
+def test_other_aliases_are_not_gated_and_a_rollback_to_an_approved_version_is(team):
     services.alias_set(model_name=M, alias="staging", version_number=2, actor=team["alice"])
     services.version_approve(model_name=M, number=2, actor=team["bob"])
     services.endpoint_deploy(model_name=M, version_number=2, actor=team["alice"])
@@ -224,18 +235,19 @@ def test_the_analysis_holds_an_unapproved_candidate_says_why_once_then_promotes(
     services.canary_start(model_name=M, version_number=2, plan=PLAN, actor=team["alice"])
     services.model_update(name=M, requires_approval=True, actor=team["alice"])
     healthy = fed({1: figures(900), 2: figures(100)})
-    assert analysis.tick(metrics=healthy)[0]["action"] == "advance"
     for _ in range(2):
         decision = analysis.tick(metrics=healthy)[0]
         assert decision["action"] == "hold"
-        assert GATE.format(n=2, state="pending") in decision["why"]
+        assert decision["why"] == (gate(2, "pending", "take 100 % of traffic as the canary "
+                                        "candidate") + "; the analysis holds at 50 % until then")
     e = ep()
-    assert e.candidate.number == 2 and e.stable.number == 1 and e.candidate_weight == 100
+    assert e.candidate.number == 2 and e.stable.number == 1 and e.candidate_weight == 50
     assert "requires approval" in e.rollout.analysis.held
     holds = AuditEvent.objects.filter(action="endpoint.analysis.hold")
     assert holds.count() == 1 and holds[0].actor_name == "canary-analysis"
 
     services.version_approve(model_name=M, number=2, actor=team["carol"], comment="go")
+    assert analysis.tick(metrics=healthy)[0]["action"] == "advance"
     assert analysis.tick(metrics=healthy)[0]["action"] == "promote"
     assert ep().stable.number == 2 and ep().candidate is None
 
@@ -266,7 +278,7 @@ def test_api_patch_sets_the_setting_and_the_model_says_it(api):
 def test_api_deploy_of_a_pending_version_is_a_409_naming_the_rule(api):
     r = api("alice").post(f"/api/v1/models/{M}/endpoint/deploy/", {"version": 2}, format="json")
     assert r.status_code == 409
-    assert r.json()["error"] == GATE.format(n=2, state="pending")
+    assert r.json()["error"] == gate(2, "pending")
     r = api("alice").put(f"/api/v1/models/{M}/aliases/production/", {"version": 2},
                          format="json")
     assert r.status_code == 409 and "requires approval" in r.json()["error"]

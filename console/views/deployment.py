@@ -19,7 +19,7 @@ from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET, require_POST
 
 from registry import metrics, selectors, services
-from registry.models import AuditEvent, ModelVersion, VersionStatus
+from registry.models import AuditEvent, ModelVersion
 from registry.notify import current_revision
 from registry.roles import has_role
 from registry.routing import Routing
@@ -328,9 +328,9 @@ def live_context(request: HttpRequest, model, ep) -> dict:
 
 
 def _choices(model, ep) -> dict:
-    """Version pickers, from one query of the ready versions' numbers."""
-    ready = list(model.versions.filter(status=VersionStatus.READY)
-                 .order_by("-number").values_list("number", flat=True))
+    """Version pickers: only the versions that may take traffic (the one gate's rule, as
+    selectors.traffic_versions reads it), so no picker offers what the service would refuse."""
+    ready = [v.number for v in selectors.traffic_versions(model)]
     stable = ep.stable.number if ep and ep.stable else None
     live = ep.live_version if ep else None
     live_n = live.number if live else None

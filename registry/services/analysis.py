@@ -22,7 +22,7 @@ from registry.metrics import version_window
 from registry.models import Endpoint
 from registry.routing import AnalysisPlan
 from registry.services import rollouts
-from registry.services.approvals import ApprovalRequired, approval_blocks
+from registry.services.gate import refusal
 
 log = logging.getLogger(__name__)
 ACTOR = "canary-analysis"
@@ -112,9 +112,14 @@ def tick(*, now: datetime | None = None, metrics: Metrics | None = None) -> list
         baked = (now - started).total_seconds() >= plan.bake_seconds
         d = decide(plan, step, candidate=candidate, stable=stable, baked=baked,
                    stable_since_start=since_start)
-        if d.action == "promote" and approval_blocks(ep.model, ep.candidate):
-            d = Decision("hold", f"{ApprovalRequired(ep.model, ep.candidate).message}; the "
-                         f"analysis holds at its last step until then", d.figures)
+        if d.action in ("advance", "promote"):  # would the gate let it? Else hold, saying why
+            ep.candidate.model = ep.model
+            role = ("become stable" if d.action == "promote" else
+                    f"take {plan.steps[step + 1]} % of traffic as the canary candidate")
+            refused = refusal(ep.candidate, role=role)
+            if refused is not None:
+                d = Decision("hold", f"{refused.message}; the analysis holds at "
+                             f"{plan.steps[step]} % until then", d.figures)
         out.append({"model": name, "action": d.action, "why": d.why, "figures": d.figures})
         try:
             if d.action == "advance":

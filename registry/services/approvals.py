@@ -1,44 +1,27 @@
-"""The approval gate (as MLflow's and SageMaker's model registries): a model may require that a
-version be approved before it is promoted. An engineer or admin other than the uploader approves
-or rejects it, with a comment (required to reject); each decision is kept and audited.
+"""Approval decisions (as MLflow's and SageMaker's model registries): a model may require that a
+version be approved before it takes traffic. An engineer or admin other than the uploader
+approves or rejects it, with a comment (required to reject); each decision is kept and audited.
 
-`require_approved` is the one check every promotion calls: deploy, canary start and promote,
-blue-green deploy and switch, and pointing the `production` alias. (This module imports no other
-service: catalog.py calls it for the alias.)"""
+What a decision allows is the one gate's to say (gate.py, checked wherever routing changes).
+Rejecting a version that takes traffic ends that traffic in the same transaction, audited: a
+canary's candidate is aborted, an idle blue-green slot cleared, a shadow stopped, the production
+alias dropped, a warm copy unloaded (it would answer pinned requests), and so for a pipeline that
+runs it as a step. A live version (the stable, the live slot, an unload-first rollback's target)
+is not rejected: roll back first."""
 
 from __future__ import annotations
 
 from django.db import transaction
 
+from registry import selectors
 from registry.audit import Actor, record
 from registry.choices import ApprovalState
 from registry.errors import Forbidden, InvalidRequest, LifecycleError, NotFound
-from registry.models import ApprovalDecision, ModelVersion, RegisteredModel
+from registry.models import Alias, ApprovalDecision, Endpoint, ModelVersion, RegisteredModel
 from registry.roles import has_role
-
-PRODUCTION_ALIAS = "production"
-
-
-class ApprovalRequired(LifecycleError):
-    """A promotion of a version the model's approval rule does not allow yet (409)."""
-
-    def __init__(self, model: RegisteredModel, version: ModelVersion):
-        super().__init__(
-            f"model {model.name!r} requires approval before promotion; version "
-            f"{version.number} is {version.approval} — approve it first",
-            field="version",
-            details={"rule": "requires_approval", "version": version.number,
-                     "approval": version.approval})
-
-
-def approval_blocks(model: RegisteredModel, version: ModelVersion) -> bool:
-    return model.requires_approval and version.approval != ApprovalState.APPROVED
-
-
-def require_approved(model: RegisteredModel, version: ModelVersion) -> None:
-    """Refuse (409) to promote `version` while its model requires approval it lacks."""
-    if approval_blocks(model, version):
-        raise ApprovalRequired(model, version)
+from registry.services.catalog import lock_model
+from registry.services.deployments import transition
+from registry.services.gate import PRODUCTION_ALIAS
 
 
 def may_decide(user, version: ModelVersion) -> str | None:
@@ -57,11 +40,11 @@ def _decide(decision: str, *, model_name: str, number: int, actor: Actor,
     if decision == ApprovalState.REJECTED and not comment:
         raise InvalidRequest("a rejection needs a comment saying why", field="comment")
     with transaction.atomic():
-        if not RegisteredModel.objects.filter(name=model_name).exists():
-            raise NotFound(f"model {model_name!r} does not exist", field="model")
+        # The model row first, as every routing change locks it: a deploy and a rejection of
+        # the same version take turns, so the gate never reads a decision being made.
+        model = lock_model(model_name, allow_archived=True)
         try:  # the version row locked: two reviewers deciding at once take turns
-            version = ModelVersion.objects.select_for_update().get(model__name=model_name,
-                                                                   number=number)
+            version = model.versions.select_for_update().get(number=number)
         except ModelVersion.DoesNotExist:
             raise NotFound(f"model {model_name!r} has no version {number}",
                            field="version") from None
@@ -80,6 +63,9 @@ def _decide(decision: str, *, model_name: str, number: int, actor: Actor,
                model_name=model_name, before=before,
                after={"approval": decision, "version": number, "comment": comment},
                reason=comment)
+        if decision == ApprovalState.REJECTED:
+            version.model = model
+            withdraw_refused(version, actor=actor, reason=f"rejected: {comment}")
     return version
 
 
@@ -93,3 +79,72 @@ def version_reject(*, model_name: str, number: int, actor: Actor,
                    comment: str) -> ModelVersion:
     return _decide(ApprovalState.REJECTED, model_name=model_name, number=number, actor=actor,
                    comment=comment)
+
+
+def withdraw_refused(version: ModelVersion, *, actor: Actor, reason: str) -> None:
+    """End the traffic that `version`, and any pipeline running it as a step, may no longer take
+    (the gate refuses it now), within the caller's transaction."""
+    if selectors.traffic_refusal(version) is None:
+        return
+    pipelines = [p for p in ModelVersion.objects.filter(pipeline__isnull=False)
+                 .select_related("model")
+                 if any((s["model"], s["version"]) == (version.model.name, version.number)
+                        for s in p.pipeline.get("steps", []))]
+    for v in [version, *pipelines]:
+        _withdraw(v, rejected=version, actor=actor, reason=reason)
+
+
+def _withdraw(version: ModelVersion, *, rejected: ModelVersion, actor: Actor,
+              reason: str) -> None:
+    """`version` (the rejected one, or a pipeline running it) loses its traffic."""
+    model = version.model
+    alias = Alias.objects.filter(model=model, name=PRODUCTION_ALIAS, version=version).first()
+    if alias is not None:
+        alias.delete()
+        record(actor, "alias.remove", target_type="alias",
+               target=f"{model.name}@{PRODUCTION_ALIAS}", model_name=model.name,
+               before={"alias": PRODUCTION_ALIAS, "version": version.number}, reason=reason)
+    ep = Endpoint.objects.filter(model=model).first()
+    if ep is None or not _holds_traffic(ep, version):
+        return
+
+    def change(ep: Endpoint, _model: RegisteredModel) -> dict:
+        routing, ended = ep.routing, []
+        pending = routing.rollout.pending_rollback
+        if routing.live == version.pk or (pending and pending.version == version.number):
+            role = (f"live in the {routing.live_color} slot" if routing.live_color
+                    else "the stable" if routing.live == version.pk
+                    else "the target of an unload-first rollback")
+            what = f"version {version.number} of {model.name!r}"
+            if version != rejected:
+                what = (f"version {rejected.number} of {rejected.model.name!r} is a step of "
+                        f"{what}, which")
+            raise LifecycleError(
+                f"{what} is {role}: roll back or deploy another version of {model.name!r} "
+                f"before rejecting it", field="version",
+                details={"version": version.number, "role": role})
+        if ep.candidate_id == version.pk:  # as canary_abort: all traffic back to the stable
+            ep.candidate, ep.candidate_weight = None, 0
+            ep.rollout = ep.rollout.with_(analysis=None)
+            ended.append("candidate")
+        if routing.idle == version.pk:
+            setattr(ep, routing.idle_color, None)
+            ended.append(f"idle {routing.idle_color} slot")
+        if ep.shadow_id == version.pk:
+            ep.shadow = None
+            ended.append("shadow")
+        if version.pk in ep.warm_versions:  # kept loaded, it would still answer pinned requests
+            ep.warm_versions = [pk for pk in ep.warm_versions if pk != version.pk]
+            ended.append("warm")
+        return {"version": version.number, "ended": ended}
+
+    transition("withdraw", model_name=model.name, actor=actor, change=change, reason=reason,
+               allow_archived=True)
+
+
+def _holds_traffic(ep: Endpoint, version: ModelVersion) -> bool:
+    routing = ep.routing
+    pending = routing.rollout.pending_rollback
+    return (version.pk in (routing.live, routing.candidate, routing.idle, routing.shadow)
+            or version.pk in ep.warm_versions
+            or bool(pending and pending.version == version.number))

@@ -7,7 +7,7 @@ from django.db import IntegrityError, transaction
 from registry.audit import Actor, record
 from registry.errors import InvalidRequest, LifecycleError, NotFound
 from registry.models import SLUG, Alias, ModelVersion, RegisteredModel, VersionStatus
-from registry.services.approvals import PRODUCTION_ALIAS, require_approved
+from registry.services.gate import PRODUCTION_ALIAS, admit
 
 
 def lock_model(name: str, *, allow_archived: bool = False) -> RegisteredModel:
@@ -108,12 +108,13 @@ def alias_set(*, model_name: str, alias: str, version_number: int, actor: Actor)
         except ModelVersion.DoesNotExist:
             raise NotFound(f"model {model_name!r} has no version {version_number}",
                            field="version") from None
-        if version.status != VersionStatus.READY:
+        if alias == PRODUCTION_ALIAS:  # the version production traffic is told to use
+            version.model = model
+            admit(version, role=f"hold the {PRODUCTION_ALIAS} alias")
+        elif version.status != VersionStatus.READY:
             why = f": {version.failure_reason}" if version.failure_reason else ""
             raise LifecycleError(f"version {version_number} is {version.status}{why}; an alias "
                                  f"can only point at a ready version", field="version")
-        if alias == PRODUCTION_ALIAS:
-            require_approved(model, version)
         existing = Alias.objects.filter(model=model, name=alias).first()
         before = {"alias": alias, "version": existing.version.number} if existing else None
         if existing:

@@ -1,6 +1,7 @@
 """Endpoint state changes and the one state machine every endpoint change goes through: lock the
-model and endpoint, check the endpoint's state allows the operation, change, audit, bump revision.
-Rollout operations (canary, promote, rollback, blue-green, shadow) live in rollouts.py."""
+model and endpoint, check the endpoint's state allows the operation, change, admit the versions
+the change gives traffic (the one gate, gate.py), audit, bump revision. Rollout operations
+(canary, promote, rollback, blue-green, shadow) live in rollouts.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from registry.audit import Actor, record
-from registry.errors import LifecycleError
+from registry.errors import LifecycleError, NotFound
 from registry.models import Endpoint, ModelVersion, RegisteredModel
 from registry.notify import bump_revision
 from registry.routing import (
@@ -23,10 +24,10 @@ from registry.routing import (
     STABLE,
     STATES,
     UNLOADING,
+    Routing,
 )
-from registry.selectors import ready_version  # rollouts.py imports it from here too
-from registry.services.approvals import require_approved
 from registry.services.catalog import lock_model
+from registry.services.gate import admit_routing
 
 # Which states allow which operation. Shadow is orthogonal to the traffic split.
 ALLOWED: dict[str, frozenset[str]] = {
@@ -50,6 +51,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "hold": frozenset({ANALYSING}),             # ... or may not promote (approval pending)
     "rollback-load": frozenset({UNLOADING}),    # second half of an unload-first rollback
     "expire-warm": frozenset(STATES),           # drop versions whose grace period is over
+    "withdraw": frozenset(STATES),              # a rejected version loses what traffic it had
 }
 HINTS = {
     EMPTY: "deploy a version first",
@@ -106,8 +108,21 @@ def keep_warm(ep: Endpoint, version_id: int | None) -> None:
     ep.warm_until = now + timedelta(seconds=settings.WARM_GRACE_SECONDS)
 
 
-def commit_change(ep: Endpoint, *, actor: Actor, action: str, before: dict,
-                  reason: str = "", details: dict | None = None) -> Endpoint:
+def version_of(model: RegisteredModel, number: int) -> ModelVersion:
+    """Version `number` of `model` (NotFound if none). Whether it may take the role it is given
+    is the gate's to say, when the change is committed."""
+    version = model.versions.filter(number=number).first()
+    if version is None:
+        raise NotFound(f"model {model.name!r} has no version {number}", field="version")
+    version.model = model
+    return version
+
+
+def commit_change(ep: Endpoint, *, routed: Routing[int], actor: Actor, action: str,
+                  before: dict, reason: str = "", details: dict | None = None) -> Endpoint:
+    """Save an endpoint's new routing: the one place every routing change passes, so the one
+    gate (a version takes traffic only if it may) is here. `routed`: the routing before."""
+    admit_routing(ep.model, routed, ep.routing)
     ep.revision = bump_revision()
     ep.save()
     after = endpoint_snapshot(ep)
@@ -141,10 +156,11 @@ def transition(op: str, *, model_name: str, actor: Actor, change: Change, reason
             state = endpoint_state(ep)
             if state not in ALLOWED[op]:
                 raise TransitionRefused(op, state, model_name)
-            before = endpoint_snapshot(ep)
+            before, routed = endpoint_snapshot(ep), ep.routing
             details = change(ep, model)
-            return commit_change(ep, actor=actor, action=action or f"endpoint.{op}",
-                                 before=before, reason=reason, details=details)
+            return commit_change(ep, routed=routed, actor=actor,
+                                 action=action or f"endpoint.{op}", before=before, reason=reason,
+                                 details=details)
     except LifecycleError as exc:
         if _model_exists(model_name):
             record_refusal(model_name=model_name, op=op, actor=actor, error=exc, reason=reason)
@@ -157,7 +173,7 @@ def _model_exists(name: str) -> bool:
 
 def endpoint_deploy(*, model_name: str, version_number: int | None, actor: Actor,
                     reason: str = "") -> Endpoint:
-    """Point the endpoint's stable at a ready version (None: stop serving the model)."""
+    """Point the endpoint's stable at a version (None: stop serving the model)."""
     if version_number is None:
         def undeploy(ep: Endpoint, model: RegisteredModel) -> None:
             ep.stable = ep.shadow = None
@@ -167,8 +183,7 @@ def endpoint_deploy(*, model_name: str, version_number: int | None, actor: Actor
                           reason=reason, allow_archived=True)
 
     def deploy(ep: Endpoint, model: RegisteredModel) -> None:
-        version = ready_version(model, version_number)
-        require_approved(model, version)
+        version = version_of(model, version_number)
         if ep.stable_id == version.pk:
             raise LifecycleError(f"version {version_number} is already stable on {model_name!r}")
         keep_warm(ep, ep.stable_id)

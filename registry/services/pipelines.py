@@ -1,7 +1,9 @@
 """Pipelines: a version whose artifact is a small graph of other models' versions. Created in one
 step (checked here against the registry, so there is nothing to validate later): every step
-resolved and pinned to a ready version, every edge checked, the pipeline's own signature
-derived. The spec is then stored like any artifact, by sha256, and the version is ready."""
+resolved and pinned to a ready version that may take traffic (the one gate: approved where its
+model requires it), every edge checked, the pipeline's own signature derived. The spec is then
+stored like any artifact, by sha256, and the version is ready. The gate checks the steps again
+whenever the pipeline is given traffic."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from registry.errors import InvalidRequest, LifecycleError
 from registry.evaluation import clean_lineage, clean_metrics
 from registry.models import Alias, ModelVersion, RegisteredModel, VersionStatus
 from registry.services.catalog import lock_model
+from registry.services.gate import admit
 from registry.store.artifacts import default_store
 from registry.store.gc import lock_blob
 from serving.pipeline_graph import (
@@ -81,6 +84,7 @@ def _step_version(raw: dict, i: int) -> tuple[Step, ModelVersion, str | None]:
     if version.pipeline is not None:
         raise InvalidRequest(f"{what}: {label} is itself a pipeline; a step must be a model "
                              "version (pipelines do not nest)", field="steps")
+    version.model = model
     return Step(name, model_name, str(version.number)), version, alias
 
 
@@ -100,6 +104,8 @@ def resolve_spec(spec: object) -> tuple[dict, dict, int]:
         raise InvalidRequest("edges must be a non-empty list of {\"from\": …, \"to\": …}",
                              field="edges")
     resolved = [_step_version(raw, i) for i, raw in enumerate(raw_steps)]
+    for step, version, _ in resolved:  # approval is a state, not a typo: the gate's 409
+        admit(version, role=f"be step {step.name!r} of a pipeline")
     steps = [step for step, _, _ in resolved]
     try:
         edges = []

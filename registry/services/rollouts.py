@@ -2,8 +2,10 @@
 rollback, blue-green (deploy to the idle colour, switch, switch back, finish) and shadow.
 
 Each one is a transition of the state machine in deployments.py: one transaction with the endpoint
-row locked, refused with a 409 naming the state that forbids it, audited (actor, before -> after,
-reason, the figures or differences it used), revision + 1, serving notified after commit."""
+row locked, refused with a 409 naming the state that forbids it, its versions admitted by the one
+gate where routing changes (a version that may not take the traffic it is given: a 409 naming it,
+its state and the role), audited (actor, before -> after, reason, the figures or differences it
+used), revision + 1, serving notified after commit."""
 
 from __future__ import annotations
 
@@ -18,11 +20,10 @@ from registry.audit import Actor
 from registry.choices import RollbackOrder
 from registry.convergence import wait_for_revision
 from registry.errors import Forbidden, InvalidRequest, LifecycleError
-from registry.models import Endpoint, ModelVersion, RegisteredModel
+from registry.models import Endpoint, ModelVersion, RegisteredModel, VersionStatus
 from registry.roles import has_role
 from registry.routing import Analysis, AnalysisPlan, BlueGreen, PendingRollback
-from registry.services.approvals import require_approved
-from registry.services.deployments import keep_warm, ready_version, transition
+from registry.services.deployments import keep_warm, transition, version_of
 from registry.services.replicas import replicas_forget
 from registry.signatures import signature_differences
 from serving.routes import SCALED_TO_ZERO
@@ -47,20 +48,22 @@ def _number(version_id: int | None) -> int | None:
 
 def canary_start(*, model_name: str, version_number: int, weight: int = 0, actor: Actor,
                  reason: str = "", override: bool = False, plan: dict | None = None) -> Endpoint:
-    """Route `weight` % of unpinned traffic to a ready candidate whose signature the stable's
+    """Route `weight` % of unpinned traffic to a candidate whose signature the stable's
     callers can use unchanged. An admin may override incompatibility with a reason (audited).
     With a plan, the automated analysis drives the weights, starting at its first step."""
     _weight(weight)
     plan = AnalysisPlan.clean(plan) if plan is not None else None
 
     def change(ep: Endpoint, model: RegisteredModel) -> dict:
-        version = ready_version(model, version_number)
-        require_approved(model, version)
+        version = version_of(model, version_number)
         if version.pk == ep.stable_id:
             raise LifecycleError(f"version {version_number} is already stable on {model_name!r}")
         details: dict = {}
-        differences = signature_differences(ep.stable.signature or {"inputs": [], "outputs": []},
-                                            version.signature or {"inputs": [], "outputs": []})
+        differences = []
+        if version.status == VersionStatus.READY:  # else no signature yet: the gate refuses it
+            differences = signature_differences(
+                ep.stable.signature or {"inputs": [], "outputs": []},
+                version.signature or {"inputs": [], "outputs": []})
         if differences:
             if not override:
                 raise LifecycleError(
@@ -106,7 +109,6 @@ def canary_promote(*, model_name: str, actor: Actor, reason: str = "",
     rollback to it is instant."""
 
     def change(ep: Endpoint, model: RegisteredModel) -> dict | None:
-        require_approved(model, ep.candidate)
         keep_warm(ep, ep.stable_id)
         ep.stable_id = ep.candidate_id
         _end_canary(ep)
@@ -186,7 +188,7 @@ def analysis_hold(*, model_name: str, why: str, actor: Actor,
 
 def rollback(*, model_name: str, version_number: int, actor: Actor, reason: str = "",
              order: str = RollbackOrder.LOAD_FIRST) -> Endpoint:
-    """Point stable at an earlier ready version.
+    """Point stable at an earlier version (one that may take traffic: the gate).
 
     load-first (default): one revision; replicas load and warm the target before they switch and
     unload the old stable only after, so nothing fails (it stays warm for the grace period).
@@ -197,7 +199,7 @@ def rollback(*, model_name: str, version_number: int, actor: Actor, reason: str 
                              field="order")
 
     def target(ep: Endpoint, model: RegisteredModel) -> ModelVersion:
-        version = ready_version(model, version_number)
+        version = version_of(model, version_number)
         current = ep.stable.number
         if version.number >= current:
             raise LifecycleError(f"rollback goes to an earlier version: {version_number} is not "
@@ -233,7 +235,7 @@ def rollback_complete(*, model_name: str, actor: Actor, reason: str = "") -> End
     def load(ep: Endpoint, model: RegisteredModel) -> dict:
         pending = ep.rollout.pending_rollback
         ep.rollout = ep.rollout.with_(pending_rollback=None)
-        ep.stable = ready_version(model, pending.version)
+        ep.stable = version_of(model, pending.version)
         return {"order": RollbackOrder.UNLOAD_FIRST.value, "phase": "load"}
 
     return transition("rollback-load", model_name=model_name, actor=actor, change=load,
@@ -245,12 +247,11 @@ def rollback_complete(*, model_name: str, actor: Actor, reason: str = "") -> End
 
 def bluegreen_deploy(*, model_name: str, version_number: int, actor: Actor,
                      reason: str = "") -> Endpoint:
-    """Put a ready version in the idle colour: replicas load and warm it, no traffic moves.
+    """Put a version in the idle colour: replicas load and warm it, no traffic moves.
     From a plain stable, the stable becomes the live blue slot and the version goes to green."""
 
     def change(ep: Endpoint, model: RegisteredModel) -> dict:
-        version = ready_version(model, version_number)
-        require_approved(model, version)
+        version = version_of(model, version_number)
         if not ep.live_color:
             ep.blue, ep.live_color = ep.stable, "blue"
         routing = ep.routing
@@ -290,8 +291,6 @@ def _switch(op: str, *, model_name: str, actor: Actor, reason: str) -> Endpoint:
         target = getattr(ep, idle)
         if target is None:
             raise LifecycleError(f"the idle colour ({idle}) has no version; deploy to it first")
-        if op == "switch":  # switching back returns to what was live: a rollback, never gated
-            require_approved(model, target)
         behind = idle_laggards(model_name, target.number)
         if behind:
             raise LifecycleError(
@@ -342,10 +341,10 @@ def bluegreen_finish(*, model_name: str, actor: Actor, reason: str = "",
 
 def shadow_start(*, model_name: str, version_number: int, actor: Actor,
                  reason: str = "") -> Endpoint:
-    """Mirror live traffic to a ready version; its answers are compared, never returned."""
+    """Mirror live traffic to a version; its answers are compared, never returned."""
 
     def change(ep: Endpoint, model: RegisteredModel) -> None:
-        version = ready_version(model, version_number)
+        version = version_of(model, version_number)
         if ep.routing.live == version.pk:
             raise LifecycleError(f"version {version_number} is the live version; shadow another")
         if ep.shadow_id == version.pk:

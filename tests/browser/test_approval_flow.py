@@ -55,8 +55,8 @@ def test_a_pending_version_is_blocked_until_a_second_engineer_approves_it(
     assert page.get_attribute("#version-1 .approval", "data-approval") == "pending"
 
     message = deploy_from_model_page(page, 1)
-    assert ("model 'fraud' requires approval before promotion; version 1 is pending — "
-            "approve it first") in message
+    assert ("version 1 of 'fraud' is pending approval: it cannot become stable — model "
+            "'fraud' requires approval before promotion; approve it first") in message
     assert Endpoint.objects.filter(model__name=M, stable__isnull=False).count() == 0
     shot(page, "approval-01-model-deploy-blocked")
 

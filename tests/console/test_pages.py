@@ -130,7 +130,8 @@ def test_deploy_of_a_failed_version_is_refused_with_the_reason(page_client, cata
     ModelVersion.objects.create(model=model, number=3, sha256="f" * 64, size_bytes=3,
                                 status="failed", failure_reason="not an ONNX model")
     r = page_client("engineer").post("/models/fraud/deploy/", {"version": 3}, follow=True)
-    assert "is failed, not ready: not an ONNX model" in r.content.decode()
+    assert "is failed, not ready: it cannot become stable — not an ONNX model" in (
+        r.content.decode())
 
 
 @pytest.mark.parametrize("role", ROLES)
