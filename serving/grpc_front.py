@@ -36,7 +36,7 @@ from serving.grpc_codec import (
     encode_model_infer_response,
     parse_model_infer_request,
 )
-from serving.limits import EdgeLimits
+from serving.limits import EdgeLimits, trim_heap_soon
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,67 @@ HEALTH_POLL_SECONDS = 0.5
 
 
 def status_code(error: ServingError) -> grpc.StatusCode:
-    return STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
+    return getattr(error, "grpc_code", None) or STATUS_CODES.get(error.status,
+                                                                  grpc.StatusCode.INTERNAL)
+
+
+class AnswerBudgetExhausted(ServingError):
+    """The process holds as many unsent answer bytes as EdgeLimits allows (gRPC only: HTTP
+    writes wait for the client to read)."""
+
+    status = 503
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Retry-After": "1"})
+
+
+class AnswerBudget:
+    """Bytes of gRPC answers handed to the transport and not yet sent, whole process.
+
+    A unary answer is queued whole whether or not the client reads it: grpcio keeps it until the
+    client's flow-control window lets it out, so clients that grant a window of 0 and keep
+    asking would otherwise make the server compute and hold every answer. An answer holds its
+    size here from when it is made until its call is done (grpcio's done callback: the answer
+    went out, or the call ended); one that does not fit is refused RESOURCE_EXHAUSTED."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._high_water = 0  # most bytes held since the heap was last trimmed
+
+    def full(self) -> bool:
+        return bool(self.limit) and self.held >= self.limit
+
+    def refusal(self, size: int | None = None) -> AnswerBudgetExhausted:
+        what = f"an answer of {size} bytes" if size is not None else "another answer"
+        return AnswerBudgetExhausted(
+            f"the server holds {self.held} bytes of answers its clients have not read yet; "
+            f"{what} would exceed its budget of {self.limit} bytes "
+            "(MMC_UNSENT_ANSWER_BUDGET_BYTES): retry shortly")
+
+    def hold(self, size: int, context) -> bool:
+        """Take `size` bytes until `context`'s call is done; False when they do not fit (one
+        answer alone always fits)."""
+        if not self.limit:
+            return True
+        add_done = getattr(context, "add_done_callback", None)
+        if add_done is None:  # the fast transport: its writes wait for the window themselves
+            return True
+        if self.held and self.held + size > self.limit:
+            return False
+        self.held += size
+        self._high_water = max(self._high_water, self.held)
+        add_done(lambda _call: self._release(size))
+        return True
+
+    def _release(self, size: int) -> None:
+        self.held -= size
+        if not self.held and self._high_water >= self.limit // 2:
+            # what the held answers freed goes back to the OS, as serving.limits does for
+            # request bodies: glibc would keep it in its heap after the attack
+            self._high_water = 0
+            trim_heap_soon()
 
 
 def _trailers(error: ServingError) -> tuple[tuple[str, str], ...]:
@@ -131,8 +191,9 @@ class _Health(health.aio.HealthServicer):
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     """`inference.GRPCInferenceService` over one DataPlane."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, answers: AnswerBudget | None = None) -> None:
         self.dataplane = dataplane
+        self.answers = answers if answers is not None else AnswerBudget(0)
 
     # -- health and metadata -----------------------------------------------------------------
 
@@ -203,8 +264,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_answers
     async def ModelInfer(self, request, context):
+        if isinstance(request, InvalidInput):  # _parse_infer_request's: not a message
+            raise request
         message, raw = request  # parse_model_infer_request's, registered in start()
+        if self.answers.full():  # refused before it costs a computation
+            raise self.answers.refusal()
         response, lv = await self._infer(message, _Caller(context.invocation_metadata()), raw)
+        size = response.ByteSize()
+        if not self.answers.hold(size, context):
+            del response  # not kept alive by the refusal's traceback
+            raise self.answers.refusal(size)
         # Trailing, not initial: sent with the answer and its status in one batch, where
         # send_initial_metadata costs a write of its own (~15% of a call's loop time).
         context.set_trailing_metadata(lv.grpc_version_metadata)
@@ -275,6 +344,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         await self.dataplane.repository_action("unload", request.model_name,
                                                caller.authorization)
         return pb.RepositoryModelUnloadResponse()
+
+
+def _parse_infer_request(data):
+    """ModelInfer's request, or the InvalidInput saying why it is not one: a deserializer that
+    raises makes grpcio answer UNKNOWN, where a caller's malformed message is INVALID_ARGUMENT."""
+    try:
+        return parse_model_infer_request(data)
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and kin
+        return InvalidInput(f"the ModelInferRequest message cannot be parsed: {exc}")
 
 
 def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
@@ -377,12 +455,13 @@ class GrpcFront:
 
     async def start(self) -> None:
         server = self._new_server()
-        servicer = InferenceServicer(self.dataplane)
+        servicer = InferenceServicer(self.dataplane,
+                                     AnswerBudget(self.limits.unsent_answer_budget_bytes))
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
         # ModelInfer's large raw inputs stay in the received buffer (no protobuf copy)
         server.add_registered_method_handlers(SERVICE, {
             "ModelInfer": grpc.unary_unary_rpc_method_handler(
-                servicer.ModelInfer, request_deserializer=parse_model_infer_request,
+                servicer.ModelInfer, request_deserializer=_parse_infer_request,
                 response_serializer=pb.ModelInferResponse.SerializeToString)})
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(

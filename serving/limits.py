@@ -46,6 +46,9 @@ class EdgeLimits:
     body_idle_timeout_s: float = 10.0
     body_min_rate: float = 16 * 1024  # bytes/s on average, enforced after body_idle_timeout_s
     buffered_body_budget_bytes: int = 256 * 1024 * 1024
+    #: gRPC answers computed and handed to the transport but not yet sent (a client that grants
+    #: no window holds them), whole process: past it a call is refused RESOURCE_EXHAUSTED
+    unsent_answer_budget_bytes: int = 16 * 1024 * 1024
     max_connections: int = 2048
     fd_reserve: int = 256
     #: the share of max_connections the gRPC port may hold when it is on (the rest is HTTP's)
@@ -72,6 +75,8 @@ class EdgeLimits:
             body_min_rate=get("MMC_BODY_MIN_RATE", float, cls.body_min_rate),
             buffered_body_budget_bytes=get("MMC_BUFFERED_BODY_BUDGET_BYTES", int,
                                            cls.buffered_body_budget_bytes),
+            unsent_answer_budget_bytes=get("MMC_UNSENT_ANSWER_BUDGET_BYTES", int,
+                                           cls.unsent_answer_budget_bytes),
             max_connections=get("MMC_MAX_CONNECTIONS", int, cls.max_connections),
             fd_reserve=get("MMC_FD_RESERVE", int, cls.fd_reserve),
             grpc_connection_share=get("MMC_GRPC_CONNECTION_SHARE", float,
@@ -254,6 +259,30 @@ class BodyReader:
                                 f"bytes/s ({read.received} bytes in {now - read.start:.0f} s)")
                 task.cancel()
         loop.call_later(self._tick, self._sweep, loop)
+
+
+def trim_heap_soon(delay: float = TRIM_DELAY_S) -> None:
+    """Give freed heap pages back to the OS `delay` seconds from now (at most one pending)."""
+    global _trim_pending
+    if _trim_pending:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    _trim_pending = True
+
+    def trim() -> None:
+        global _trim_pending
+        _trim_pending = False
+        malloc_trim = _malloc_trim()
+        if malloc_trim is not None:
+            malloc_trim(0)
+
+    loop.call_later(delay, trim)
+
+
+_trim_pending = False
 
 
 @functools.cache

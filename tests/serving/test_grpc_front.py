@@ -354,6 +354,14 @@ def test_a_predict_key_opens_its_model_over_metadata_as_over_headers(client, stu
     assert meta.name == "secret"
 
 
+def test_a_message_that_is_not_a_model_infer_request_is_invalid_argument(channel):
+    infer = channel.unary_unary(f"/{SERVICE}/ModelInfer", request_serializer=None,
+                                response_deserializer=None)
+    error = _status(infer, b"\x0a\xff\xff\xff\xff\x0f")  # a length past the message's end
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+    assert "cannot be parsed" in error.details()
+
+
 def test_a_rate_limit_refusal_is_resource_exhausted_naming_the_limit(stub):
     request = pb.ModelInferRequest(
         model_name="limited", inputs=[pb.ModelInferRequest.InferInputTensor(
