@@ -70,6 +70,9 @@ ARTIFACT_ROOT = Path(env.str("ARTIFACT_ROOT", default=str(DATA_DIR / "artifacts"
 ARTIFACT_STORE = env.str("ARTIFACT_STORE", default="")
 AWS_ENDPOINT_URL = env.str("AWS_ENDPOINT_URL", default="")
 MAX_UPLOAD_BYTES = env.int("MMC_MAX_UPLOAD_BYTES", default=2 * 1024**3)
+# Raw uploads (PUT …/versions/upload/) one user may have in progress at once, per console
+# process; one more is refused (429) before its body is read. 0: no cap.
+MAX_UPLOADS_PER_USER = env.int("MMC_MAX_UPLOADS_PER_USER", default=2)
 TRT_CACHE_DIR = Path(env.str("MMC_TRT_CACHE_DIR", default=str(DATA_DIR / "trt-cache"))).resolve()
 # Comma-separated execution providers to pin (e.g. "CPUExecutionProvider"); empty = best available.
 ORT_PROVIDERS = env.list("MMC_PROVIDERS", default=[])
@@ -342,7 +345,8 @@ ROLLOUT_TICK_SECONDS = env.float("MMC_ROLLOUT_TICK_SECONDS", default=5.0)
 # version row commits; an upload in progress keeps its temp file's mtime fresh).
 GC_SECONDS = env.float("MMC_GC_SECONDS", default=3600.0)
 GC_GRACE_SECONDS = env.float("MMC_GC_GRACE_SECONDS", default=3600.0)
-# The health bar says the artifact store is degraded below this much free space.
+# The health bar says the artifact store is degraded below this much free space, and a request
+# body that would leave less (its declared size; a raw upload's as it arrives) is refused (507).
 STORE_MIN_FREE_BYTES = env.int("MMC_STORE_MIN_FREE_BYTES", default=1024**3)
 # Versions validated before the weights hash existed get it in the background, this many per run.
 WEIGHTS_BACKFILL_SECONDS = env.float("MMC_WEIGHTS_BACKFILL_SECONDS", default=600.0)

@@ -1,5 +1,22 @@
 """Domain errors raised by services; the API maps each to a status code once, centrally."""
 
+from __future__ import annotations
+
+import os
+import re
+
+#: An absolute path in a message: a slash that starts a word, then path characters.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~<>/-])/[^\s'\"()\[\]{},;:]+")
+
+
+def without_paths(text: str, root: str | os.PathLike | None = None) -> str:
+    """`text` as users may see it: `root` (ARTIFACT_ROOT) shown as <store>, any other absolute
+    path as its last part, so a reason never tells a caller how this host is laid out."""
+    if root:
+        for form in {str(root), os.path.realpath(root)}:
+            text = text.replace(form.rstrip("/"), "<store>")
+    return _ABSOLUTE_PATH.sub(lambda m: os.path.basename(m.group().rstrip("/")) or "<path>", text)
+
 
 class RegistryError(Exception):
     status = 400
@@ -21,6 +38,12 @@ class NotFound(RegistryError):
 
 class LoginRefused(RegistryError):
     """The user name and password did not match an active user (401)."""
+
+    status = 401
+
+
+class CredentialsRequired(RegistryError):
+    """The request needs a caller, and presented no valid token or session (401)."""
 
     status = 401
 
@@ -62,6 +85,23 @@ class Gone(RegistryError):
 
 class PayloadTooLarge(RegistryError):
     status = 413
+
+
+class RequestTimeout(RegistryError):
+    """A request body stalled or arrived slower than the minimum rate; what came is dropped."""
+
+    status = 408
+
+
+class InsufficientStorage(RegistryError):
+    """Storing this would leave the disk below the free space it keeps (507)."""
+
+    status = 507
+
+
+class StoreFull(InsufficientStorage):
+    """The disk ran out of space (ENOSPC) while a file was being written; what was written of it
+    is removed (507)."""
 
 
 class StoreUnavailable(RegistryError):

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
 from django.core.files.uploadhandler import FileUploadHandler
 
-from registry.errors import InvalidRequest
+from registry.errors import InsufficientStorage, InvalidRequest, RequestTimeout, TooManyAttempts
 from registry.store.artifacts import CHUNK, ArtifactStore, StoredBlob, default_store
 from registry.store.files import FileWriter
 from registry.store.gc import discard_unreferenced
+from registry.store.space import free_space
 from registry.store.writer import StreamWriter
 
 
@@ -118,10 +119,13 @@ class DatasetUploadHandler(StreamingUploadHandler):
         return writer
 
 
-#: A raw version upload (`PUT …/versions/upload/`): console.asgi streams its body into the
-#: store as it arrives and hands the view the writer under this scope key (RECEIVED_BODY).
-RAW_UPLOAD_PATH = re.compile(r"^/api/v1/models/[^/]+/versions/upload/")
+#: A raw version upload (`PUT …/versions/upload/`, with or without a file name after it):
+#: console.asgi admits it from its headers, streams its body into the store as it arrives and
+#: hands the view the writer under this scope key (RECEIVED_BODY).
+RAW_UPLOAD_PATH = re.compile(r"^/api/v1/models/[^/]+/versions/upload/[^/]*$")
 RECEIVED_BODY = "mmc.received_body"
+#: what a client refused for having too many uploads in progress is told to wait (seconds)
+UPLOAD_RETRY_AFTER = 5
 
 
 #: received body bytes handed to the writing thread at a time, and how many such hand-offs may
@@ -130,36 +134,88 @@ _HAND_OFF_BYTES = 1024 * 1024
 _HAND_OFFS_WAITING = 4
 
 
-async def receive_into_store(receive) -> StreamWriter | None:
+def ensure_room(size: int) -> None:
+    """Refuse (507) `size` more bytes on the local disk (ARTIFACT_ROOT: the store, the upload
+    spool, job files, and SQLite embedded) when they would leave it below STORE_MIN_FREE_BYTES."""
+    keep = settings.STORE_MIN_FREE_BYTES
+    free = free_space().free
+    if size + keep > free:
+        raise InsufficientStorage(
+            f"not enough free space: the store has {free} bytes free, and {size} bytes of "
+            f"request body plus the {keep} bytes it keeps free (MMC_STORE_MIN_FREE_BYTES) "
+            f"need {size + keep}")
+
+
+class UploadSlots:
+    """Raw uploads in progress per user, in this process: past `limit` one more is refused
+    (429, Retry-After) before a byte of its body is read. Used on the event loop only."""
+
+    def __init__(self) -> None:
+        self._in_progress: Counter = Counter()
+
+    def take(self, user_id: int, limit: int) -> None:
+        """Count one more upload of `user_id` in progress (until `release`), or refuse it."""
+        if limit > 0 and self._in_progress[user_id] >= limit:
+            raise TooManyAttempts(
+                f"you have {self._in_progress[user_id]} uploads in progress, the most at once "
+                f"(MMC_MAX_UPLOADS_PER_USER); send this one when one of them has finished",
+                retry_after=UPLOAD_RETRY_AFTER)
+        self._in_progress[user_id] += 1
+
+    def release(self, user_id: int) -> None:
+        self._in_progress[user_id] -= 1
+        if self._in_progress[user_id] <= 0:
+            del self._in_progress[user_id]
+
+
+async def receive_into_store(receive, *, idle_timeout_s: float = 0.0,
+                             min_rate: float = 0.0) -> StreamWriter | None:
     """Hash and write an ASGI request body into a new store writer while it arrives (None: the
     client went away). Django's ASGI handler would first spool the whole body to a temporary
     file, which the view then read back and wrote again: py-spy on a 400 MB PUT put a third of
     the request's time in those extra reads and writes. Hashing and writing (both release the
     GIL) run in one thread of their own, a megabyte at a time, while the event loop receives
-    the next one. Raises PayloadTooLarge past the store's limit, having removed what it wrote."""
+    the next one. Raises, having removed what it wrote: PayloadTooLarge past the store's limit,
+    RequestTimeout when no byte arrives for `idle_timeout_s` or, after that long, fewer than
+    `min_rate` bytes a second arrived on average (as the data plane's serving.limits), and
+    InsufficientStorage when a local store's disk gets down to what it keeps free."""
     loop = asyncio.get_running_loop()
-    writer = default_store().writer()
+    store = default_store()
+    writer = store.writer()
+    local = store.on_local_disk
     pending: deque[asyncio.Future] = deque()
     parts: list[bytes] = []
-    held = 0
+    held = received = 0
+    start = loop.time()
     with ThreadPoolExecutor(1, thread_name_prefix="mmc-upload") as pool:
         try:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise _ClientGone
-                body = message.get("body")
-                if body:
-                    parts.append(body)
-                    held += len(body)
-                more = message.get("more_body", False)
-                if held >= _HAND_OFF_BYTES or (not more and parts):
-                    pending.append(loop.run_in_executor(pool, _write_all, writer, parts))
-                    parts, held = [], 0
-                    while len(pending) > _HAND_OFFS_WAITING or (pending and not more):
-                        await pending.popleft()  # raises PayloadTooLarge past the limit
-                if not more:
-                    return writer
+            async with asyncio.timeout(None) as clock:  # runs only while waiting for the client
+                while True:
+                    if idle_timeout_s > 0:
+                        clock.reschedule(loop.time() + idle_timeout_s)
+                    message = await receive()
+                    clock.reschedule(None)
+                    if message["type"] == "http.disconnect":
+                        raise _ClientGone
+                    body = message.get("body")
+                    more = message.get("more_body", False)
+                    if body:
+                        parts.append(body)
+                        held += len(body)
+                        received += len(body)
+                    elapsed = loop.time() - start
+                    if more and min_rate > 0 and received < min_rate * (elapsed - idle_timeout_s):
+                        raise RequestTimeout(
+                            f"request body arrives slower than the minimum of {min_rate:g} "
+                            f"bytes/s ({received} bytes in {elapsed:.0f} s)")
+                    if held >= _HAND_OFF_BYTES or (not more and parts):
+                        pending.append(loop.run_in_executor(pool, _write_all, writer, parts,
+                                                            local))
+                        parts, held = [], 0
+                        while len(pending) > _HAND_OFFS_WAITING or (pending and not more):
+                            await pending.popleft()  # raises PayloadTooLarge past the limit
+                    if not more:
+                        return writer
         except BaseException as exc:
             for future in pending:
                 future.cancel()
@@ -167,6 +223,9 @@ async def receive_into_store(receive) -> StreamWriter | None:
             writer.abort()
             if isinstance(exc, _ClientGone):
                 return None
+            if isinstance(exc, TimeoutError) and clock.expired():
+                raise RequestTimeout(f"no request body bytes arrived for {idle_timeout_s:g} s "
+                                     f"({received} bytes received)") from None
             raise
 
 
@@ -174,7 +233,9 @@ class _ClientGone(Exception):
     """The client disconnected before its body was complete."""
 
 
-def _write_all(writer: StreamWriter, parts: list[bytes]) -> None:
+def _write_all(writer: StreamWriter, parts: list[bytes], local: bool) -> None:
+    if local:  # a statvfs per megabyte: a body of undeclared length is bounded too
+        ensure_room(sum(len(part) for part in parts))
     for part in parts:
         writer.write(part)
 
