@@ -7,14 +7,21 @@ context with the grpc.aio.ServicerContext methods they use. The wire is the gRPC
 protocol: length-prefixed messages (identity, gzip or deflate in), `grpc-timeout` deadlines,
 status and trailing metadata in the trailers, a trailers-only answer for an error before any
 message.
+
+What a client can make it hold is bounded as grpcio's server bounds it, from the same
+serving.limits.EdgeLimits: a message's bytes are held only as they arrive (and refused once its
+declared length is over max_receive_message_length), compressed ones inflate no further than
+that limit, every call's unfinished request bytes share one budget (buffered_body_budget_bytes),
+a stream's window opens only as its call takes what came, and connections are capped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
+import collections
 import functools
-import gzip
 import inspect
 import logging
 import socket
@@ -22,7 +29,7 @@ import zlib
 
 import grpc
 
-from serving.http2 import Http2Connection, Stream, header_field, status_field
+from serving.http2 import STREAM_WINDOW, Http2Connection, Stream, header_field, status_field
 from serving.limits import EdgeLimits
 from serving.parking import share_of
 from serving.supervisor import reuse_port_listener, stop_listening
@@ -37,7 +44,8 @@ _STATUS_UNKNOWN_CT = header_field(b"grpc-status", b"2") + header_field(
     b"grpc-message", b"content-type must be application/grpc")
 _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3,
                   ord("u"): 1e-6, ord("n"): 1e-9}
-_DECOMPRESS = {b"gzip": gzip.decompress, b"deflate": zlib.decompress}
+#: zlib window bits per grpc-encoding: gzip's header and trailer, or zlib's (deflate)
+_WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
 #: Request headers that are the protocol's, not the caller's metadata.
 _RESERVED = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding",
                        b"grpc-accept-encoding", b"connection"))
@@ -95,7 +103,12 @@ def _read_headers(headers: list) -> tuple:
         elif name not in _RESERVED:
             key = name.decode("latin-1")
             if key.endswith("-bin"):
-                metadata.append((key, base64.b64decode(value + b"=" * (-len(value) % 4))))
+                try:
+                    raw = base64.b64decode(value + b"=" * (-len(value) % 4), validate=True)
+                except binascii.Error:
+                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"metadata header {key!r} is not valid base64") from None
+                metadata.append((key, raw))
             else:
                 metadata.append((key, value.decode("latin-1")))
     return path, method, content_type, encoding, timeout, tuple(metadata)
@@ -108,12 +121,38 @@ class _Abort(Exception):
         self.details = details
 
 
+def _inflate(raw: bytes, encoding: bytes, limit: int) -> bytes:
+    """A compressed message, inflated no further than `limit` bytes: a bomb costs the limit's
+    worth of work at most, then RESOURCE_EXHAUSTED."""
+    inflater = zlib.decompressobj(_WBITS[encoding])
+    try:
+        out = inflater.decompress(raw, limit + 1)
+    except zlib.error as exc:
+        raise _Abort(grpc.StatusCode.INTERNAL, f"cannot decompress the message: {exc}") from exc
+    if len(out) > limit:
+        raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                     f"Received message larger than max (more than {limit} bytes once "
+                     f"inflated vs. {limit})")
+    if not inflater.eof:
+        raise _Abort(grpc.StatusCode.INTERNAL,
+                     "cannot decompress the message: the compressed data is cut short")
+    return out
+
+
 class _Requests:
     """A streaming call's request messages as an async iterator (the handler's
-    request_iterator)."""
+    request_iterator). Each message taken tells the call, which opens the stream's window."""
 
-    def __init__(self) -> None:
+    def __init__(self, call: Call) -> None:
         self.queue: asyncio.Queue = asyncio.Queue()
+        self.call = call
+        self.sizes: collections.deque[int] = collections.deque()  # wire bytes of each queued
+        self.queued = 0
+
+    def put(self, message, size: int) -> None:
+        self.sizes.append(size)
+        self.queued += size
+        self.queue.put_nowait(message)
 
     def __aiter__(self):
         return self
@@ -123,8 +162,9 @@ class _Requests:
         if item is _END:
             self.queue.put_nowait(_END)  # a second reader ends too
             raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            raise item
+        size = self.sizes.popleft()
+        self.queued -= size
+        self.call.taken(size)
         return item
 
 
@@ -141,8 +181,8 @@ class Call:
         self.encoding = encoding
         self.body = bytearray()
         self.size: int | None = None  # a unary call's message, prefix included, once known
-        self.filled = 0  # bytes of it received
-        self.requests: _Requests | None = _Requests() if handler.request_streaming else None
+        self.held = 0  # request bytes held across DATA frames (the server's budget)
+        self.requests: _Requests | None = _Requests(self) if handler.request_streaming else None
         self.task: asyncio.Task | None = None
         self.trailing: tuple = ()
         self._code: grpc.StatusCode | None = None
@@ -222,6 +262,8 @@ class Call:
             return
         body = self.body
         if data:
+            if not self._hold(len(data)):
+                return
             body += data
         limit = self.server.max_receive_message_length
         while len(body) >= 5:
@@ -231,34 +273,77 @@ class Call:
                 return
             if len(body) < 5 + length:
                 break
+            size = 5 + length  # what the message holds while queued: inflated, if compressed
             try:
-                message = self._message(body[0], bytes(body[5:5 + length]))
+                raw = bytes(body[5:size])
+                if body[0]:
+                    raw = self._inflate(raw)
+                    grown = len(raw) - length
+                    if grown > 0:
+                        if not self._hold(grown):
+                            return
+                        size += grown
+                message = self._deserialize(raw)
             except _Abort as exc:
                 self.fail(exc.code, exc.details)
                 return
             del body[:5 + length]
-            self.requests.queue.put_nowait(message)
+            self.requests.put(message, size)
         if end:
             if body:
                 self.fail(grpc.StatusCode.INTERNAL, "the request ended inside a message")
                 return
             self.requests.queue.put_nowait(_END)
+        else:
+            self._open_window()
 
-    def _message(self, compressed: int, raw: bytes):
-        if compressed:
-            decompress = _DECOMPRESS.get(self.encoding or b"")
-            if decompress is None:
-                raise _Abort(grpc.StatusCode.INTERNAL,
-                             "a compressed message without a grpc-encoding that says how")
-            try:
-                raw = decompress(raw)
-            except (OSError, zlib.error, EOFError) as exc:
-                raise _Abort(grpc.StatusCode.INTERNAL,
-                             f"cannot decompress the message: {exc}") from exc
-            if len(raw) > self.server.max_receive_message_length:
-                raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             f"Received message larger than max ({len(raw)} vs. "
-                             f"{self.server.max_receive_message_length})")
+    def taken(self, size: int) -> None:
+        """The handler took a message: its bytes leave the budget, the window opens again."""
+        size = min(size, self.held)
+        self.held -= size
+        self.server.buffered -= size
+        if not self.finished:
+            self._open_window()
+
+    def _open_window(self) -> None:
+        """A streaming call may hold a window's worth of bytes its handler has not taken; with
+        none waiting to be taken, the rest of the message it is receiving, however long."""
+        want = STREAM_WINDOW - self.held
+        if not self.requests.queued:
+            body = self.body
+            rest = 5 + int.from_bytes(body[1:5], "big") - len(body) if len(body) >= 5 else 5
+            want = max(want, rest)
+        self.stream.open_window(want)
+
+    def _hold(self, n: int) -> bool:
+        """Count n more request bytes held; past the server's budget the call fails."""
+        server = self.server
+        if server.buffered + n > server.buffer_budget:
+            self.fail(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      f"the server is buffering {server.buffered} bytes of requests; "
+                      f"{n} more would exceed its budget of {server.buffer_budget}: retry")
+            return False
+        self.held += n
+        server.buffered += n
+        return True
+
+    def _release(self) -> None:
+        if self.held:
+            self.server.buffered -= self.held
+            self.held = 0
+        if self.body:
+            self.body = bytearray()
+
+    def _message(self, compressed: int, raw):
+        return self._deserialize(self._inflate(raw) if compressed else raw)
+
+    def _inflate(self, raw: bytes) -> bytes:
+        if self.encoding not in _WBITS:
+            raise _Abort(grpc.StatusCode.INTERNAL,
+                         "a compressed message without a grpc-encoding that says how")
+        return _inflate(raw, self.encoding, self.server.max_receive_message_length)
+
+    def _deserialize(self, raw):
         deserialize = self.handler.request_deserializer
         if deserialize is None:
             return bytes(raw)
@@ -269,35 +354,43 @@ class Call:
                          f"Exception deserializing request: {exc}") from exc
 
     def _unary_data(self, data: memoryview, end: bool) -> None:
-        """Once the message's length is known its whole body is allocated, and each DATA
-        frame is copied into place (appending would grow and move it many times)."""
+        """The message's bytes are held as they arrive, never as its length declares (a
+        length is a claim; memory is spent on bytes received), and none past that length."""
         n = len(data)
         if n:
-            filled = self.filled
-            if self.size is None:
-                body = self.body
+            body = self.body
+            size = self.size
+            if size is None:
+                if not end and not self._hold(n):
+                    return
                 body += data
-                filled = len(body)
-                if filled >= 5:
+                if len(body) >= 5:
                     length = int.from_bytes(body[1:5], "big")
                     if length > self.server.max_receive_message_length:
                         self._too_large(length)
                         return
-                    self.size = 5 + length
-                    if filled < self.size:
-                        whole = bytearray(self.size)
-                        whole[:filled] = body
-                        self.body = whole
+                    size = self.size = 5 + length
+                    if len(body) > size:
+                        self._past_the_end()
+                        return
             else:
-                self.body[filled:filled + n] = data  # past the end (a second message): grows
-                filled += n
-            self.filled = filled
+                if len(body) + n > size:
+                    self._past_the_end()
+                    return
+                if not end and not self._hold(n):
+                    return
+                body += data
+            if not end and size is not None:
+                self.stream.open_window(size - len(body))
         if end:
             self._unary_request()
 
+    def _past_the_end(self) -> None:
+        self.fail(grpc.StatusCode.UNIMPLEMENTED, "a unary call takes exactly one request message")
+
     def _unary_request(self) -> None:
         body = self.body
-        if self.size is None or self.filled != self.size:
+        if self.size is None or len(body) != self.size:
             code = grpc.StatusCode.INTERNAL if self.size is None else grpc.StatusCode.UNIMPLEMENTED
             self.fail(code, "a unary call takes exactly one request message")
             return
@@ -309,6 +402,8 @@ class Call:
             return
         finally:
             self.body = bytearray()
+            if self.held:
+                self._release()
         self.start(request)
 
     def start(self, request=None) -> None:
@@ -354,6 +449,8 @@ class Call:
             if self._timer is not None:
                 self._timer.cancel()
             self.server.calls.discard(self)
+            if self.held:  # a streaming call's messages its handler left
+                self._release()
 
     def _serialize(self, message) -> bytes:
         serialize = self.handler.response_serializer
@@ -383,6 +480,7 @@ class Call:
     def fail(self, code: grpc.StatusCode, details: str) -> None:
         """End the call with a status (once; a handler still running is cancelled)."""
         self._finish(code, details)
+        self._release()
         task = self.task
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
@@ -393,7 +491,6 @@ class Call:
         self.fail(grpc.StatusCode.RESOURCE_EXHAUSTED,
                   f"Received message larger than max ({length} vs. "
                   f"{self.server.max_receive_message_length})")
-        self.body = bytearray()
 
     def _deadline(self) -> None:
         self._timer = None
@@ -411,6 +508,7 @@ class Call:
         if self.requests is not None:
             self.requests.queue.put_nowait(_END)
         self.server.calls.discard(self)
+        self._release()
 
 
 class GrpcServer:
@@ -420,8 +518,14 @@ class GrpcServer:
     def __init__(self, *, max_receive_message_length: int, limits: EdgeLimits | None = None,
                  max_connections: int = 0) -> None:
         self.max_receive_message_length = max_receive_message_length
-        self.limits = limits if limits is not None else EdgeLimits()
-        self.max_connections = max_connections
+        self.limits = limits = limits if limits is not None else EdgeLimits()
+        self.max_connections = max_connections  # 0: no cap
+        self.buffer_budget = limits.buffered_body_budget_bytes
+        self.buffered = 0  # request bytes all calls hold across DATA frames right now
+        # the sweep's period: a fraction of the shortest time bound it judges
+        self._tick = min(1.0, max(0.02, min(limits.header_timeout_s, limits.idle_timeout_s,
+                                            limits.body_idle_timeout_s) / 4))
+        self._sweeping: asyncio.TimerHandle | None = None
         self._methods: dict[str, grpc.RpcMethodHandler] = {}
         self._generic: list = []
         self.connections: set[Http2Connection] = set()
@@ -455,8 +559,15 @@ class GrpcServer:
         if headers is self._read_headers:  # the same block again (Http2Connection._decode)
             path, method, content_type, encoding, timeout, metadata = self._read
         else:
-            read = self._read = _read_headers(headers)
-            self._read_headers = headers
+            try:
+                read = _read_headers(headers)
+            except _Abort as exc:  # e.g. a -bin value that is not base64: this call fails
+                stream.send_headers(_HEADERS + header_field(b"grpc-status", str(
+                    _code(exc.code)).encode()) + header_field(b"grpc-message",
+                                                              _percent(exc.details)),
+                                    end_stream=True)
+                return
+            self._read, self._read_headers = read, headers
             path, method, content_type, encoding, timeout, metadata = read
         if method != b"POST":
             stream.send_headers(status_field(405), end_stream=True)
@@ -465,7 +576,7 @@ class GrpcServer:
             stream.send_headers(status_field(415) + _STATUS_UNKNOWN_CT, end_stream=True)
             return
         handler = self._lookup(path or "", metadata)
-        if handler is None or (encoding not in (None, b"identity") and encoding not in _DECOMPRESS):
+        if handler is None or (encoding not in (None, b"identity") and encoding not in _WBITS):
             details = (f"Method not found: {path}" if handler is None
                        else f"Compression algorithm '{encoding.decode('latin-1')}' not supported")
             stream.send_headers(_HEADERS + header_field(b"grpc-status", b"12")
@@ -489,10 +600,22 @@ class GrpcServer:
 
     # -- listening ---------------------------------------------------------------------------
 
-    def _connection(self) -> Http2Connection:
-        conn = Http2Connection(lambda _: self, on_close=self.connections.discard)
+    def _connection(self) -> asyncio.Protocol:
+        if self.max_connections and len(self.connections) >= self.max_connections:
+            return _Refused()
+        conn = Http2Connection(lambda _: self, on_close=self.connections.discard,
+                               limits=self.limits)
         self.connections.add(conn)
         return conn
+
+    def _sweep(self) -> None:
+        """Every connection's time bounds judged at once (Http2Connection.sweep): no timer per
+        connection, frame or call."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for conn in list(self.connections):
+            conn.sweep(now)
+        self._sweeping = loop.call_later(self._tick, self._sweep)
 
     async def start(self, host: str, port: int, *, reuse_port: bool = False) -> int:
         """Listen on host:port (OSError when taken); the port bound."""
@@ -514,8 +637,10 @@ class GrpcServer:
             except OSError:
                 sock.close()
                 raise
-        self._listener = await asyncio.get_running_loop().create_server(self._connection,
-                                                                        sock=sock)
+        loop = asyncio.get_running_loop()
+        self._listener = await loop.create_server(self._connection, sock=sock)
+        if self._sweeping is None:
+            self._sweeping = loop.call_later(self._tick, self._sweep)
         return sock.getsockname()[1]
 
     async def stop_listening(self) -> None:
@@ -549,6 +674,16 @@ class GrpcServer:
             call.fail(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
         for conn in list(self.connections):
             conn.close()
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            self._sweeping = None
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over max_connections: closed as soon as it is made, nothing read."""
+
+    def connection_made(self, transport) -> None:
+        transport.abort()
 
 
 class _CallDetails(grpc.HandlerCallDetails):
