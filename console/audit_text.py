@@ -17,10 +17,14 @@ ENDPOINT_VERBS = {
     "switch-back": "switched blue/green traffic back on", "bg-finish": "finished blue/green on",
     "shadow-start": "started shadowing on", "shadow-stop": "stopped shadowing on",
     "undeploy": "undeployed", "withdraw": "withdrew a rejected version's traffic on",
+    "protect": "made a predict key required on every call to",
+    "open": "removed the predict key requirement from",
+    "analysis.stale": "dropped the candidate's weight to 0 (canary analysis stale) on",
 }
 SIMPLE = {
     "model.create": "created model {target}", "model.update": "edited model {target}",
-    "model.archive": "archived model {target}", "model.unarchive": "unarchived model {target}",
+    "model.archive": "archived model {target}", "model.delete": "deleted model {target}",
+    "version.delete": "deleted version {target}", "model.unarchive": "unarchived model {target}",
     "token.create": "created API token {target}", "token.revoke": "revoked API token {target}",
     "token.login": "logged in to the CLI (token {target})",
     "user.create": "created user {target}", "user.role": "changed the role of {target}",

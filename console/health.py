@@ -15,8 +15,10 @@ from django.utils import timezone
 from registry import selectors
 from registry.convergence import silent_since
 from registry.notify import current_revision, redis_client
+from registry.services import analysis_watch
 from registry.store.artifacts import default_store
 from registry.store.space import GIB, free_space
+from registry.ticks import tick_age
 
 #: Seconds a probe's answer is reused, and the longest a request waits for a fresh one.
 REDIS_TTL, WORKERS_TTL, PROBE_WAIT = 2.0, 15.0, 1.0
@@ -194,9 +196,22 @@ def _ping_object_store() -> Check:
 _object_store_probe = Probe("Store", _ping_object_store, REDIS_TTL)
 
 
+def analysis() -> Check:
+    """The automated canary analysis' tick (Celery beat clustered, the scheduler embedded):
+    degraded once it has not run for ANALYSIS_STALE_SECONDS. Noticing it here also drops any
+    running analysis's candidate to 0 % (registry.services.analysis_watch)."""
+    try:
+        found = tick_age()
+        analysis_watch.drop_stale(found=found)
+    except Exception as exc:  # shown, never raised
+        return Check("Analysis", False, f"unknown: {exc.__class__.__name__}")
+    return Check("Analysis", not found.stale, found.text)
+
+
 def checks(db: Check | None = None) -> list[Check]:
     """Every check; `db`: the database check when the caller already made it."""
-    return [c for c in (db or database(), redis(), workers(), serving(), store()) if c is not None]
+    return [c for c in (db or database(), redis(), workers(), serving(), store(), analysis())
+            if c is not None]
 
 
 def overall(checks: list[Check]) -> str:

@@ -294,9 +294,11 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-# Every broker call has a timeout, so a hung Redis costs a request seconds, never a thread for
-# good; sending is retried once (a connection Redis dropped), then left to the recovery tick.
-BROKER_TIMEOUT_SECONDS = env.float("MMC_BROKER_TIMEOUT_SECONDS", default=3.0)
+# Every broker call has a timeout, so a hung Redis costs a request one timeout, never a thread
+# for good: a send is not retried (a retry reconnects and health-checks, a timeout each: 9 s
+# measured with retries=1 and 3 s), and redis-py itself replaces a connection Redis dropped; an
+# unsent task is left to the recovery tick.
+BROKER_TIMEOUT_SECONDS = env.float("MMC_BROKER_TIMEOUT_SECONDS", default=2.0)
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env.int("MMC_TASK_VISIBILITY", 600),
     "socket_timeout": BROKER_TIMEOUT_SECONDS,  # > kombu's 1 s BRPOP wait
@@ -305,8 +307,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "health_check_interval": 10,
 }
 CELERY_BROKER_CONNECTION_TIMEOUT = BROKER_TIMEOUT_SECONDS
-CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0,
-                                    "interval_step": 0.2, "interval_max": 0.2}
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 0}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A validation's worker renews its lease every third of this; one silent this long (worker
 # killed, message never sent) is queued again by the recovery tick.
@@ -314,6 +315,11 @@ VALIDATION_LEASE_SECONDS = env.float("MMC_VALIDATION_LEASE_SECONDS", default=15.
 # Converting a too-new model down to what onnxruntime loads runs in the request (see
 # registry/services/conversion.py): artifacts over this size are refused with the reason.
 CONVERT_MAX_BYTES = env.int("MMC_CONVERT_MAX_BYTES", default=64 * 1024**2)
+# The equivalence check (both models on generated inputs) runs in a child process with this much
+# address space beyond what its runtimes take to start, and this long (wall clock): past either
+# the conversion is refused (422) naming the limit.
+CONVERT_MEMORY_BYTES = env.int("MMC_CONVERT_MEMORY_BYTES", default=1024**3)
+CONVERT_TIMEOUT_S = env.float("MMC_CONVERT_TIMEOUT_S", default=60.0)
 CONVERT_RTOL = env.float("MMC_CONVERT_RTOL", default=1e-4)  # equivalence tolerance, stated
 CONVERT_ATOL = env.float("MMC_CONVERT_ATOL", default=1e-5)  # in every conversion's record
 
@@ -340,6 +346,13 @@ JOB_TICK_SECONDS = env.float("MMC_JOB_TICK_SECONDS", default=30.0)
 RECOVERY_TICK_SECONDS = env.float("MMC_RECOVERY_TICK_SECONDS", default=5.0)
 # Automated canary analysis and rollout housekeeping (0 turns the embedded scheduler's off).
 ROLLOUT_TICK_SECONDS = env.float("MMC_ROLLOUT_TICK_SECONDS", default=5.0)
+# The analysis is stale when its tick has not finished for this long (Celery beat or Redis down,
+# the scheduler hung): health is degraded, a canary with a plan may not start, and a running one
+# drops its candidate's weight to 0 (registry.services.analysis_watch). A process whose own tick
+# is off (0: it runs elsewhere) judges by the same record. At least 30 s: a clustered tick shares
+# the Celery queue with validations, and a busy worker must not read as a silent analysis.
+ANALYSIS_STALE_SECONDS = env.float("MMC_ANALYSIS_STALE_SECONDS",
+                                   default=max(30.0, 3 * (ROLLOUT_TICK_SECONDS or 5.0)))
 # Artifact garbage collection (0 turns it off): blobs no version references and temp files of
 # crashed uploads, once older than the grace period (an upload writes its blob before its
 # version row commits; an upload in progress keeps its temp file's mtime fresh).
@@ -354,6 +367,7 @@ WEIGHTS_BACKFILL_BATCH = env.int("MMC_WEIGHTS_BACKFILL_BATCH", default=20)
 # Periodic background tasks (registry/tasks.py): Celery beat runs them clustered, the embedded
 # process's scheduler thread otherwise.
 PERIODIC_TASKS = {"registry.rollout_tick": ROLLOUT_TICK_SECONDS,
+                  "registry.analysis_watch": ROLLOUT_TICK_SECONDS,
                   "registry.jobs_tick": JOB_TICK_SECONDS,
                   "registry.recovery_tick": RECOVERY_TICK_SECONDS,
                   "registry.gc_artifacts": GC_SECONDS,

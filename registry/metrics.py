@@ -5,7 +5,8 @@ Rates divide by the time actually elapsed between two samples (their `at`), neve
 bucket width: heartbeats (2 s) and buckets (5 s) do not align, so the last sample of consecutive
 buckets are 4 or 6 s apart and a steady 19.5 req/s would read 15.6 / 23.4. History is kept in
 tiers (`level`, see registry/metrics_retention.py): the last sample of each minute and of each
-10 minutes stays longer; a series at a coarser tier reads only those samples."""
+10 minutes stays longer; a series at a coarser tier reads only those samples, and the finer ones
+of the periods compaction has not marked yet (the one still filling, the one just finished)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 import orjson
 from django.conf import settings
 from django.db import connection
-from django.db.models import F, Max, TextField, Window
+from django.db.models import F, Max, Q, TextField, Window
 from django.db.models.functions import Cast, RowNumber
 from django.utils import timezone
 
@@ -32,6 +33,18 @@ def point_seconds(level: int) -> int:
     """How many seconds one chart point of tier `level` covers."""
     width = settings.METRICS_BUCKET_SECONDS
     return max(TIER_SECONDS.get(level, width), width)
+
+
+def _at_tier(level: int, now: float) -> Q:
+    """Samples a series at tier `level` reads: the tier's own, and every sample of the period
+    still filling and the one before (compaction marks a period only after it ends, up to
+    METRICS_COMPACT_SECONDS late), so a deployment's first minutes show at 24 h and 7 d too.
+    Samples are cumulative: reading all of a period gives the same point as its last one."""
+    if level not in TIER_SECONDS:
+        return Q()
+    tier = TIER_SECONDS[level]
+    unmarked = (int(now) // tier - 1) * tier // settings.METRICS_BUCKET_SECONDS
+    return Q(level__gte=level) | Q(bucket__gte=unmarked)
 
 
 def record_samples(replica: str, versions: dict[str, dict], *, now: float | None = None) -> None:
@@ -129,7 +142,7 @@ def version_series(model: str, version: int, *, seconds: int = 300, level: int =
     fields = ("replica", "bucket", "at", "count", "errors",
               Cast("latency_buckets", output_field=TextField()), "counting_since")
     last = int(now) // width  # a custom range may end in the past
-    samples = list(rows.filter(bucket__gte=first, bucket__lte=last, level__gte=level)
+    samples = list(rows.filter(_at_tier(level, now), bucket__gte=first, bucket__lte=last)
                    .order_by("replica", "bucket").values_list(*fields))
     if not samples:
         return []
@@ -214,12 +227,13 @@ def _padded(hist: list[int] | None, size: int) -> list[int]:
 
 def versions_recorded(model: str, *, seconds: int, level: int = 0,
                       now: float | None = None) -> list[int]:
-    """Every version with samples at tier `level` in the last `seconds`: retired ones too."""
+    """Every version with samples at tier `level` (_at_tier) in the last `seconds`: retired
+    ones too."""
     now = time.time() if now is None else now
     first = int(now - seconds) // settings.METRICS_BUCKET_SECONDS
     last = int(now) // settings.METRICS_BUCKET_SECONDS
-    return sorted(set(MetricSample.objects.filter(model_name=model, bucket__gte=first,
-                                                  bucket__lte=last, level__gte=level)
+    return sorted(set(MetricSample.objects.filter(_at_tier(level, now), model_name=model,
+                                                  bucket__gte=first, bucket__lte=last)
                       .values_list("version", flat=True).distinct()), reverse=True)
 
 

@@ -194,6 +194,10 @@ class Endpoint(RateLimits):
     # Scale to zero: replicas unload the endpoint's versions after this many seconds without a
     # request and load them again on the next one (a cold start); 0 = always loaded.
     scale_to_zero_after_seconds = models.PositiveIntegerField(default=0)
+    # Callers of /infer must show one of its active predict keys; with none, every call is
+    # refused (401). Set by creating a key or by "protect", cleared only by "open" (audited):
+    # revoking the last key never opens an endpoint.
+    protected = models.BooleanField(default=False)
 
     class Meta:
         constraints = [
@@ -228,6 +232,15 @@ class RouteRevision(models.Model):
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     value = models.BigIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
+
+
+class TickRecord(models.Model):
+    """When a periodic task last finished, by task name: the automated canary analysis is
+    watched through it (registry.services.analysis_watch), so a tick that stopped running
+    (Celery beat or Redis down, the scheduler hung) is seen by every process that reads it."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    last_run_at = models.DateTimeField()
 
 
 class EndpointApiKey(RateLimits):

@@ -172,9 +172,10 @@ def endpoint_get(model: RegisteredModel) -> Endpoint | None:
 
 @dataclass(frozen=True)
 class EndpointAccess:
-    """Who may call an endpoint's /infer: its active predict keys, and whether this installation
-    requires a key everywhere (MMC_REQUIRE_PREDICT_KEYS); and the endpoint's limits with today's
-    use (each key carries its own as `used_today`; None: the count store did not answer)."""
+    """Who may call an endpoint's /infer: its active predict keys, whether the endpoint is
+    protected, and whether this installation requires a key everywhere
+    (MMC_REQUIRE_PREDICT_KEYS); and the endpoint's limits with today's use (each key carries its
+    own as `used_today`; None: the count store did not answer)."""
 
     keys: list[EndpointApiKey]
     required: bool
@@ -183,12 +184,19 @@ class EndpointAccess:
 
     @property
     def protected(self) -> bool:
-        return bool(self.keys) or self.required
+        return (bool(self.keys) or self.required
+                or bool(self.endpoint is not None and self.endpoint.protected))
 
     @property
     def refusing_all(self) -> bool:
-        """Keys are required and this endpoint has none: every inference is refused (401)."""
-        return self.required and not self.keys
+        """Protected with no key: every inference is refused (401)."""
+        return self.protected and not self.keys
+
+    @property
+    def may_open(self) -> bool:
+        """Whether "open" is offered: protected by its own setting, no keys left."""
+        return (not self.required and not self.keys and self.endpoint is not None
+                and self.endpoint.protected)
 
 
 def endpoint_access(endpoint: Endpoint | None) -> EndpointAccess:

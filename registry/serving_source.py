@@ -30,7 +30,7 @@ from registry.models import Endpoint, EndpointApiKey, ModelVersion, ReplicaHeart
 from registry.notify import CHANNEL, current_revision, subscribe_in_process
 from registry.roles import has_role
 from registry.routing import Routing
-from registry.services import endpoint_deploy
+from registry.services import analysis_watch, endpoint_deploy
 from registry.services.loadtests import versions_under_test
 from registry.services.pipelines import batch_size
 from registry.store.artifacts import ArtifactUnavailable, default_store
@@ -120,13 +120,15 @@ def build_desired_state() -> DesiredState:
         versions = {v.pk: v for v in ModelVersion.objects.select_related("model").filter(
             pk__in=wanted, status=VersionStatus.READY)}
         steps = _steps_of(versions.values())
-    routes, specs = {}, {}
+    routes, specs, idle = {}, {}, {}
     for ep in endpoints:
         ready = routings[ep.pk].map(versions.get)  # a version not (or no longer) ready drops out
         route = model_route(ep.model.name, ready, keys.get(ep.pk, {}),
-                            keys_required=settings.REQUIRE_PREDICT_KEYS, limits=ep.limits,
+                            keys_required=settings.REQUIRE_PREDICT_KEYS or ep.protected,
+                            limits=ep.limits,
                             scale_to_zero_after_s=ep.scale_to_zero_after_seconds)
         if not route.versions():
+            idle[route.model] = route  # serves nothing, yet its keys and limits bind its steps
             continue
         routes[route.model] = route
         for version in ready.referenced():
@@ -136,7 +138,11 @@ def build_desired_state() -> DesiredState:
                 # a step no longer ready is left out: the replica holds the pipeline back
                 if key in steps and key not in specs:
                     specs[key] = _spec(steps[key], store)
-    return DesiredState(revision=revision, routes=routes, versions=specs)
+    # A pipeline's step whose model's endpoint serves nothing itself: its keys and limits
+    # still apply to calls through the pipeline (DesiredState.step_routes).
+    step_routes = {model: idle[model] for model, _ in specs if model in idle}
+    return DesiredState(revision=revision, routes=routes, versions=specs,
+                        step_routes=step_routes)
 
 
 def _with_tests(routing: Routing[int], testing: set[int] | None) -> Routing[int]:
@@ -169,6 +175,9 @@ class RegistrySource:
 
     def revision(self) -> int:
         close_old_connections()
+        # A replica that reads the registry notices a silent canary analysis too (at most once
+        # per tick interval, never raising): a candidate nobody judges drops to 0 %.
+        analysis_watch.watch()
         try:
             return current_revision()
         except Exception:

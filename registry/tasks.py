@@ -13,7 +13,7 @@ from registry.background import task
 from registry.integrations import tensorrt, webhooks
 from registry.jobs import housekeeping, runner
 from registry.metrics_retention import compact
-from registry.services import analysis
+from registry.services import analysis, analysis_watch
 from registry.store.gc import collect_garbage
 from registry.validation import (
     backfill_weights_hashes,
@@ -46,6 +46,13 @@ def deliver_webhook_task(delivery_id: int) -> str:
 def rollout_tick_task() -> int:
     """Periodic: automated canary analysis decisions, then rollout housekeeping."""
     return len(analysis.tick())
+
+
+@task("registry.analysis_watch", ignore_result=True)
+def analysis_watch_task() -> int:
+    """Periodic: a rollout tick that stopped or keeps failing must not leave a canary unjudged
+    at its share (the console and replicas notice too: beat itself may be what stopped)."""
+    return len(analysis_watch.drop_stale())
 
 
 @task("registry.jobs_tick", ignore_result=True)

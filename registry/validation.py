@@ -19,6 +19,7 @@ from onnx import numpy_helper
 
 from registry.audit import Actor, record
 from registry.background import enqueue, every
+from registry.errors import without_paths
 from registry.models import ModelVersion, VersionStatus
 from registry.signatures import (
     extract_signature,
@@ -144,7 +145,8 @@ def validate_version(version_id: int) -> str:
             return version.status
         version.validation_report = report
         if reason:
-            version.status, version.failure_reason = VersionStatus.FAILED, reason[:4000]
+            version.status = VersionStatus.FAILED  # shown to users: no paths of this host
+            version.failure_reason = without_paths(reason, settings.ARTIFACT_ROOT)[:4000]
         else:
             version.status, version.failure_reason = VersionStatus.READY, ""
             version.signature = signature

@@ -21,7 +21,7 @@ import orjson
 from serving import siblings
 from serving.codec import decode_infer_request, sagemaker_header_length
 from serving.compression import MAX_BODY_BYTES, decompress
-from serving.dataplane import DataPlane
+from serving.dataplane import DataPlane, with_key
 from serving.errors import (
     InvalidInput,
     MethodNotAllowed,
@@ -211,7 +211,7 @@ class ServingApp:
             if not self._started and self.reconciler is not None:
                 await self.reconciler.start()
             if not self._started:
-                self.dataplane.admission.start(lambda: self.dataplane.table.routes)
+                self.dataplane.admission.start(lambda: self.dataplane.table.limited_routes())
             if not self._started and self.settings.grpc_port is not None:
                 await self._start_grpc()
             if not self._started and self.dataplane.siblings is not None:
@@ -401,9 +401,9 @@ class ServingApp:
             elif key == b"x-routing-key":
                 routing_key = value.decode("latin-1")
             elif key == b"authorization":
-                api_key = _bearer(value) or api_key
+                api_key = with_key(api_key, _bearer(value))
             elif key == b"x-api-key":
-                api_key = value.decode("latin-1").strip()
+                api_key = with_key(api_key, value.decode("latin-1"))
             elif key == b"x-amzn-sagemaker-target-model":
                 target = value.decode("latin-1")
         limit = self._limit
@@ -471,15 +471,16 @@ def _bearer(value: bytes) -> str | None:
 
 
 def _api_key(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """A predict key from `Authorization: Bearer <key>` or `X-Api-Key`, as infer reads it (infer
-    scans its headers once for everything, so it calls `_bearer` itself)."""
+    """The predict keys from `Authorization: Bearer <key>` and `X-Api-Key` (a list, or the
+    header repeated), as infer reads them (infer scans its headers once for everything)."""
     api_key = None
     for key, value in headers:
         if key == b"authorization":
-            api_key = _bearer(value) or api_key
+            api_key = with_key(api_key, _bearer(value))
         elif key == b"x-api-key":
-            api_key = value.decode("latin-1").strip()
+            api_key = with_key(api_key, value.decode("latin-1"))
     return api_key
+
 
 
 def _headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:

@@ -19,6 +19,7 @@ import time
 import uvicorn
 
 from serving import parking, supervisor
+from serving.replica_address import advertised_url
 
 _ENV_REPO = "MMC_SERVE_MODEL_REPOSITORY"
 _ENV_REGISTRY = "MMC_SERVE_REGISTRY"
@@ -274,6 +275,9 @@ def main(argv: list[str] | None = None) -> None:
     use_grpc_arguments(args)
     if args.registry:
         os.environ[_ENV_REGISTRY] = "1"
+        # the URL its heartbeats advertise (where a load test reaches it), complete
+        os.environ["MMC_REPLICA_ADDRESS"] = advertised_url(
+            os.environ.get("MMC_REPLICA_ADDRESS", ""), host=args.host, port=args.port)
     else:
         os.environ[_ENV_REPO] = os.path.abspath(args.model_repository)
     # httptools plus header timeout, header size and connection caps (serving.protocol)

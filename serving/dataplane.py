@@ -25,6 +25,7 @@ from serving.errors import (
     Conflict,
     Forbidden,
     InvalidInput,
+    ModelFailed,
     ModelNotFound,
     ModelNotReady,
     ReplicaStarting,
@@ -33,7 +34,7 @@ from serving.errors import (
     Unauthorized,
 )
 from serving.pipeline_graph import PipelineGraph
-from serving.ratelimit import Admission
+from serving.ratelimit import Admission, RateLimited
 from serving.response_cache import DEFAULT_RESPONSE_CACHE_BYTES, ResponseCache, request_key
 from serving.routes import (
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -120,10 +121,28 @@ class RouteTable:
     routes: dict[str, ModelRoute]
     loaded: dict[tuple[str, str], LoadedVersion]
     status: dict[tuple[str, str], tuple[str, str | None]] = field(default_factory=dict)
+    # The keys and limits of models that run here only as pipeline steps (DesiredState's).
+    step_routes: dict[str, ModelRoute] = field(default_factory=dict)
 
     def versions_of(self, model: str) -> list[LoadedVersion]:
         return sorted((lv for (m, _), lv in self.loaded.items() if m == model),
                       key=lambda lv: version_order(lv.version))
+
+    def pinnable_versions(self, model: str) -> list[str]:
+        """The model's loaded versions that answer calls pinned to them (not its versions
+        loaded only as pipeline steps)."""
+        route = self.routes.get(model)
+        return [lv.version for lv in self.versions_of(model)
+                if route is not None and route.answers_pinned(lv.version)]
+
+    def rules_of(self, model: str) -> ModelRoute | None:
+        """The route whose keys and limits a call running `model` meets: its own, or the step
+        route of a model that runs here only as pipeline steps (None: no endpoint, no rules)."""
+        return self.routes.get(model) or self.step_routes.get(model)
+
+    def limited_routes(self) -> dict[str, ModelRoute]:
+        """Every route whose limits calls count against (the quota sync's list)."""
+        return {**self.step_routes, **self.routes} if self.step_routes else self.routes
 
     def unavailable(self) -> list[str]:
         """Serving versions (per the routes) that are not loaded: why the replica is unready."""
@@ -211,11 +230,13 @@ class DataPlane:
         """The model's route, once the caller showed its key (if it has keys), as infer asks."""
         route = self._route(model)
         if route.protected:
-            _authorize(route, api_key)
+            _authorize(route, presented_keys(api_key))
         return route
 
-    def resolve(self, model: str, version: str | None) -> LoadedVersion:
-        """The loaded version a non-infer request is about (unpinned: the stable / live one)."""
+    def resolve(self, model: str, version: str | None, *,
+                steps_too: bool = False) -> LoadedVersion:
+        """The loaded version a non-infer request is about (unpinned: the stable / live one).
+        A version loaded only as a pipeline step is not one, unless `steps_too` (statistics)."""
         table = self.table
         route = self._route(model)
         if version is None:
@@ -225,6 +246,8 @@ class DataPlane:
                                     retry_after=1)
         lv = table.loaded.get((model, version))
         if lv is not None:
+            if not steps_too:
+                _pinnable(route, version, table)
             return lv
         state = table.status.get((model, version))
         if state is None:
@@ -250,7 +273,7 @@ class DataPlane:
         sig = lv.signature
         return {
             "name": model,
-            "versions": [v.version for v in self.table.versions_of(model)],
+            "versions": self.table.pinnable_versions(model),
             "platform": "ensemble" if lv.spec.pipeline is not None else "onnxruntime_onnx",
             "inputs": [_meta_tensor(t) for t in sig["inputs"]],
             "outputs": [_meta_tensor(t) for t in sig["outputs"]],
@@ -273,7 +296,7 @@ class DataPlane:
             max_queue_delay_us=cfg.max_queue_delay_us, max_queue_size=cfg.max_queue_size,
             instance_count=cfg.instance_count,
             kind="KIND_CPU" if providers[:1] == ["CPUExecutionProvider"] else "KIND_GPU",
-            versions=[v.version for v in self.table.versions_of(model)], providers=providers,
+            versions=self.table.pinnable_versions(model), providers=providers,
             response_cache=lv.spec.response_cache)
 
     # -- inference ---------------------------------------------------------------------------
@@ -301,25 +324,56 @@ class DataPlane:
         route = table.routes.get(model)
         if route is None:
             raise self.unknown_model(model)
-        key_hash = _authorize(route, api_key) if route.protected else None
-        self.admission.admit(model, route.limits, route.key(key_hash))
+        keys = presented_keys(api_key)
+        key_hash = _authorize(route, keys) if route.protected else None
+        pinned = version is not None
+        if not pinned:
+            version = route.pick(routing_key)
+        lv = table.loaded.get((model, version)) if version is not None else None
+        if lv is not None and pinned:
+            _pinnable(route, version, table)
+        if lv is not None and lv.spec.pipeline is not None:
+            self._admit_pipeline(model, lv.spec.pipeline, table, route, key_hash, keys)
+        else:
+            self.admission.admit(model, route.limits, route.key(key_hash))
         activity = self.activity.get(model)
         if activity is None:
             activity = self.activity[model] = [0, monotonic()]
         activity[0] += 1  # in flight: never idle, so the last-request time is set at the end
         try:
-            return await self._infer(model, version, request, table, route, routing_key)
+            return await self._infer(model, version, pinned, lv, request, table, route,
+                                     routing_key)
         finally:
             activity[0] -= 1
             activity[1] = monotonic()
 
-    async def _infer(self, model: str, version: str | None, request: InferRequest,
-                     table: RouteTable, route: ModelRoute, routing_key: str | None,
+    def _admit_pipeline(self, model: str, graph: PipelineGraph, table: RouteTable,
+                        route: ModelRoute, key_hash: str | None, keys: tuple[str, ...]) -> None:
+        """A call to a pipeline meets every step model's rules as a direct call to it would:
+        one of the keys it presented must be the step endpoint's (where that is keyed), and
+        the step's rate limits and quota count it, admitted together with the pipeline's own
+        (nothing is taken unless all let it in). A refusal names the step."""
+        steps = []
+        for step_model, names in graph.step_models.items():
+            rules = table.rules_of(step_model) if step_model != model else None
+            if rules is None:  # no endpoint of its own (or the pipeline's): nothing to meet
+                continue
+            who = f"{_steps(names, step_model)} of pipeline '{model}'"
+            step_hash = _authorize(rules, keys, who=who) if rules.protected else None
+            steps.append((step_model, rules.limits, rules.key(step_hash)))
+        try:
+            self.admission.admit(model, route.limits, route.key(key_hash), also=steps)
+        except RateLimited as exc:
+            if exc.model == model:
+                raise
+            raise RateLimited(f"{_steps(graph.step_models[exc.model], exc.model)} of pipeline "
+                              f"'{model}': {exc.message}", reason=exc.reason,
+                              retry_after=exc.retry_after, model=exc.model) from None
+
+    async def _infer(self, model: str, version: str | None, pinned: bool,
+                     lv: LoadedVersion | None, request: InferRequest, table: RouteTable,
+                     route: ModelRoute, routing_key: str | None,
                      ) -> tuple[dict[str, np.ndarray], LoadedVersion]:
-        pinned = version is not None
-        if not pinned:
-            version = route.pick(routing_key)
-        lv = table.loaded.get((model, version)) if version is not None else None
         if lv is None and table.asleep(model, version):
             lv, route = await self._cold_start(model, version if pinned else None, routing_key)
         if lv is None:
@@ -383,8 +437,10 @@ class DataPlane:
             raise
         except Exception as exc:  # noqa: BLE001 - the runtime's own error types
             error = _runtime_error(model, lv.version, exc, budget)
-            if isinstance(error, ServerFault):
-                log.error("%s", error.message)
+            if isinstance(error, ModelFailed):
+                lv.stats.record_model_failure()
+            if isinstance(error, ServerFault | ModelFailed):
+                log.error("%s", error.message)  # one line: the batcher counted the failure
             raise error from None
         size = output_bytes(outputs)
         if size > budget:
@@ -482,7 +538,7 @@ class DataPlane:
                 raise ModelNotFound(f"unknown version '{version}' of model '{model}'")
         elif version is not None:
             self._keyed(model, api_key)
-            lvs = [self.resolve(model, version)]
+            lvs = [self.resolve(model, version, steps_too=True)]
         else:
             self._keyed(model, api_key)
             lvs = table.versions_of(model)
@@ -657,16 +713,20 @@ def output_bytes(outputs: dict[str, np.ndarray]) -> int:
 #: arena, plain malloc, and a size computation that overflowed 64 bits.
 _ALLOCATION_FAILED = ("Failed to allocate memory", "bad_alloc", "Integer overflow")
 _REQUESTED_SIZE = re.compile(r"buffer of size (\d+)")
+#: onnxruntime's words for sizes the request sent that cannot go together: two inputs whose
+#: dimensions do not broadcast (2 rows and 3), a shape value it sent that is negative.
+_REQUEST_SHAPES = ("Attempting to broadcast", "shape.Size() must be >= 0")
 #: A failure inside a GPU provider is the server's, even while running a node.
 _GPU_WORDS = ("CUDA", "cuda", "TensorRT", "cuDNN", "CUBLAS", "cublas")
 
 
 def _runtime_error(model: str, version: str, exc: Exception, budget: int) -> ServingError:
-    """onnxruntime refusing the values it was given is the client's error; the rest is ours.
-
-    A run that could not allocate what the request's values asked for, or a node that failed
-    on them (a Reshape to a shape the data does not fit), is a 400; a provider failure stays a
-    500. Typed errors, so a bad request never writes a traceback to the log."""
+    """Whose fault a failed run is. The request's inputs passed the signature before the run
+    (serving/signature.py), so what fails inside it is the model's (ModelFailed, 500, counted
+    against the version) or the server's (a GPU provider: ServerFault), except where the
+    request is: an allocation its size asked for, values onnxruntime itself calls invalid
+    arguments (an index out of an embedding's range), sizes the request sent that cannot go
+    together (_REQUEST_SHAPES): 400s. Typed errors, so no traceback is written to the log."""
     text = str(exc)
     if any(words in text for words in _ALLOCATION_FAILED):
         size = _REQUESTED_SIZE.search(text)
@@ -680,29 +740,78 @@ def _runtime_error(model: str, version: str, exc: Exception, budget: int) -> Ser
     message = f"model '{model}' version '{version}' failed: {text[:500]}"
     if "INVALID_ARGUMENT" in text or type(exc).__name__ in ("InvalidArgument", "ValueError"):
         return InvalidInput(message)
-    if type(exc).__name__ == "Fail" and "while running" in text and not any(
-            w in text for w in _GPU_WORDS):
+    if any(words in text for words in _REQUEST_SHAPES):
         return InvalidInput(message)
-    return ServerFault(message)
+    if any(w in text for w in _GPU_WORDS):
+        return ServerFault(message)
+    return ModelFailed(message)
 
 
 def _opens(route: ModelRoute | None, api_key: str | None) -> bool:
     """Whether the caller may read about this route: it has no keys, or the caller's is one."""
     if route is None or not route.protected:
         return True
-    return bool(api_key) and api_key_hash(api_key) in route.api_key_hashes
+    return any(api_key_hash(k) in route.api_key_hashes for k in presented_keys(api_key))
 
 
-def _authorize(route: ModelRoute, api_key: str | None) -> str:
-    """The hash of the caller's key, once it is one of the route's; else 401."""
+#: The most predict keys one call may present (a pipeline's own and its keyed steps').
+MAX_PRESENTED_KEYS = 8
+
+
+def presented_keys(api_key: str | None) -> tuple[str, ...]:
+    """The predict keys a call presents: the fronts join every key header into one
+    comma-separated list (keys are URL-safe base64, never a comma)."""
+    if not api_key:
+        return ()
+    if "," not in api_key:
+        return (api_key.strip(),) if api_key.strip() else ()
+    keys = tuple(k for k in (part.strip() for part in api_key.split(",")) if k)
+    if len(keys) > MAX_PRESENTED_KEYS:
+        raise InvalidInput(f"a call may present at most {MAX_PRESENTED_KEYS} predict keys, "
+                           f"this one presents {len(keys)}")
+    return keys
+
+
+def with_key(keys: str | None, more: str | None) -> str | None:
+    """`keys` with one more header's keys: how a front gathers every predict key a call
+    presents into one comma-separated list (a call through a pipeline may need its own key
+    and each keyed step's)."""
+    more = more.strip() if more else ""
+    if not more:
+        return keys
+    return f"{keys},{more}" if keys else more
+
+
+def _authorize(route: ModelRoute, keys: tuple[str, ...], *, who: str = "") -> str:
+    """The hash of the presented key that is one of the route's; else 401. `who`: what the
+    refusal names when it is not the model called (a pipeline's step)."""
+    hint = ("; a call through a pipeline presents the pipeline's key and each keyed step's, "
+            "comma-separated (X-Api-Key: <key>, <key>)") if who else ""
+    who = who or f"model '{route.model}'"
     if not route.api_key_hashes:  # keys are required here, and this endpoint has none yet
-        raise Unauthorized(f"model '{route.model}' has no predict key and this server requires "
+        raise Unauthorized(f"{who} has no predict key and this server requires "
                            "one for every model: create a key for its endpoint (console "
                            "deployment page, or POST /api/v1/models/<name>/endpoint/keys/)")
-    if not api_key:
-        raise Unauthorized(f"model '{route.model}' needs an API key "
-                           "(Authorization: Bearer <key> or X-Api-Key)")
-    key_hash = api_key_hash(api_key)
-    if key_hash not in route.api_key_hashes:
-        raise Unauthorized(f"API key not accepted for model '{route.model}'")
-    return key_hash
+    if not keys:
+        raise Unauthorized(f"{who} needs an API key "
+                           "(Authorization: Bearer <key> or X-Api-Key)" + hint)
+    for key in keys:
+        key_hash = api_key_hash(key)
+        if key_hash in route.api_key_hashes:
+            return key_hash
+    raise Unauthorized(f"API key not accepted for {who}" + hint)
+
+
+def _steps(names: tuple[str, ...], model: str) -> str:
+    """"step 'score' (model 't-keyed')": how a refusal names the steps that run `model`."""
+    quoted = ", ".join(f"'{n}'" for n in names)
+    return f"step{'s' if len(names) > 1 else ''} {quoted} (model '{model}')"
+
+
+def _pinnable(route: ModelRoute, version: str, table: RouteTable) -> None:
+    """404 for a call pinned to a version loaded here only as a pipeline's step: loading it for
+    the pipeline gives it no traffic of its own (registry/services/gate.py decides that)."""
+    if not route.answers_pinned(version):
+        raise ModelNotFound(
+            f"model '{route.model}' version '{version}' is not deployed: it runs on this "
+            "replica only as a pipeline step, so only calls to that pipeline reach it")

@@ -131,6 +131,14 @@ class ServerFault(ServingError):
     status = 500
 
 
+class ModelFailed(ServingError):
+    """The model raised while running on inputs its signature accepts (an integer division by
+    zero, a Reshape its own constants cannot satisfy): the version's fault, not the caller's, so
+    a 500 counted against that version, never a 400."""
+
+    status = 500
+
+
 class NotSupported(ServingError):
     """The request is well formed but this deployment does not offer it."""
 

@@ -29,7 +29,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from tritonclient.grpc import model_config_pb2, service_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from serving.dataplane import DataPlane
+from serving.dataplane import DataPlane, with_key
 from serving.errors import InvalidInput, ModelNotFound, ReplicaStarting, ServingError
 from serving.grpc_codec import (
     decode_model_infer_request,
@@ -158,9 +158,9 @@ class _Caller:
                 self.authorization = value
                 scheme, _, token = value.partition(" ")
                 if scheme.lower() == "bearer":
-                    self.api_key = token.strip() or self.api_key
+                    self.api_key = with_key(self.api_key, token)
             elif key == "x-api-key":
-                self.api_key = value.strip()
+                self.api_key = with_key(self.api_key, value)
             elif key == "x-routing-key":
                 self.routing_key = value
             elif key == "x-model-version":

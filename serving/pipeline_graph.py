@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 STEP_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_STEPS = 32
@@ -86,6 +87,15 @@ class PipelineGraph:
     @property
     def step_keys(self) -> set[tuple[str, str]]:
         return {s.key for s in self.steps}
+
+    @cached_property
+    def step_models(self) -> dict[str, tuple[str, ...]]:
+        """Each model the steps run, with the names of its steps: whose keys and limits a
+        call to the pipeline meets (serving.dataplane)."""
+        names: dict[str, list[str]] = {}
+        for step in self.steps:
+            names.setdefault(step.model, []).append(step.name)
+        return {model: tuple(steps) for model, steps in names.items()}
 
     def feeds_of(self, step: str) -> list[tuple[str, tuple[str, str]]]:
         """(input name, source) for every input of one step."""

@@ -24,7 +24,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -84,10 +84,12 @@ class RateLimited(ServingError):
 
     status = 429
 
-    def __init__(self, message: str, *, reason: str, retry_after: int) -> None:
+    def __init__(self, message: str, *, reason: str, retry_after: int,
+                 model: str = "") -> None:
         super().__init__(message, headers={"Retry-After": str(retry_after)})
         self.reason = reason
         self.retry_after = retry_after
+        self.model = model  # whose limit refused it
 
 
 def utc_day(now: float) -> str:
@@ -133,11 +135,6 @@ class TokenBuckets:
 
     def set(self, name: object, tokens: float, now: float) -> None:
         self._state[name] = (tokens, now)
-
-    def give(self, name: object, limits: Limits) -> None:
-        """Undo one `take` (the request was refused by another limit after all)."""
-        tokens, at = self._state[name]
-        self._state[name] = (min(limits.capacity, tokens + 1.0), at)
 
     def keep_only(self, names: set) -> None:
         for name in [n for n in self._state if n not in names]:
@@ -357,14 +354,28 @@ class Admission:
         return {"requests": [[m, k, n] for (m, k), n in list(self.requests.items())],
                 "rejected": [[m, k, r, n] for (m, k, r), n in list(self.rejected.items())]}
 
-    def admit(self, model: str, endpoint: Limits, key: PredictKey | None) -> None:
+    def admit(self, model: str, endpoint: Limits, key: PredictKey | None, *,
+              also: Sequence[tuple[str, Limits, PredictKey | None]] = ()) -> None:
         """Let the request in (taking its tokens and counting it) or raise RateLimited; nothing
-        is taken unless every limit lets it in. Messages are only built for a refusal."""
+        is taken unless every limit lets it in. `also`: the (model, endpoint limits, key) of
+        other endpoints the same call runs (a pipeline's steps), admitted with it or not at
+        all. Messages are only built for a refusal."""
+        if not also:
+            self._take(self._check(model, endpoint, key))
+            return
+        checked = [self._check(model, endpoint, key)]
+        checked.extend(self._check(*call) for call in also)
+        for plan in checked:
+            self._take(plan)
+
+    def _check(self, model: str, endpoint: Limits, key: PredictKey | None) -> tuple:
+        """What admitting one request to `model` takes, or RateLimited (counted) if a limit
+        refuses it; nothing is taken here."""
         label = key.label if key is not None else NO_KEY
         mine = key.limits if key is not None else NO_LIMITS
+        now = mine_left = endpoint_left = 0.0
         if mine.rps > 0 or endpoint.rps > 0:
             now, buckets = self.monotonic(), self.buckets
-            mine_left = endpoint_left = 0.0
             if mine.rps > 0:
                 mine_left = buckets.tokens((model, label), mine, now)
                 if mine_left < 1.0:
@@ -375,10 +386,7 @@ class Admission:
                 if endpoint_left < 1.0:
                     self._refuse(model, label, ENDPOINT_RATE,
                                  math.ceil((1.0 - endpoint_left) / endpoint.rps), endpoint)
-            if mine.rps > 0:
-                buckets.set((model, label), mine_left - 1.0, now)
-            if endpoint.rps > 0:
-                buckets.set(model, endpoint_left - 1.0, now)
+        counters = ()
         if mine.daily_quota > 0 or endpoint.daily_quota > 0:
             wall = self.clock()
             day = self._today(wall)
@@ -389,17 +397,19 @@ class Admission:
                 counters.append((quota_key(model, None, day), endpoint, ENDPOINT_QUOTA))
             for counter, limits, reason in counters:
                 if self.quota.count(counter) >= limits.daily_quota:
-                    self._untake(model, label, mine, endpoint)
                     self._refuse(model, label, reason, seconds_to_midnight(wall), limits)
-            for counter, _, _ in counters:
-                self.quota.add(counter)
-        self.requests[(model, label)] = self.requests.get((model, label), 0) + 1
+        return (model, label, mine, endpoint, now, mine_left, endpoint_left, counters)
 
-    def _untake(self, model: str, label: str, mine: Limits, endpoint: Limits) -> None:
-        """Give back the tokens a request took before a quota refused it."""
-        for name, limits in (((model, label), mine), (model, endpoint)):
-            if limits.rps > 0:
-                self.buckets.give(name, limits)
+    def _take(self, plan: tuple) -> None:
+        """Take what `_check` found the request may have."""
+        model, label, mine, endpoint, now, mine_left, endpoint_left, counters = plan
+        if mine.rps > 0:
+            self.buckets.set((model, label), mine_left - 1.0, now)
+        if endpoint.rps > 0:
+            self.buckets.set(model, endpoint_left - 1.0, now)
+        for counter, _, _ in counters:
+            self.quota.add(counter)
+        self.requests[(model, label)] = self.requests.get((model, label), 0) + 1
 
     def _today(self, wall: float) -> str:
         number = int(wall // DAY)
@@ -419,7 +429,7 @@ class Admission:
         else:
             message = (f"daily quota of {who} used up: {limits.daily_quota} requests per UTC "
                        "day; it resets at 00:00 UTC")
-        raise RateLimited(message, reason=reason, retry_after=retry_after)
+        raise RateLimited(message, reason=reason, retry_after=retry_after, model=model)
 
     # -- the background sync ------------------------------------------------------------------
 

@@ -240,7 +240,8 @@ class Reconciler(ScaleToZero):
         self._hold_back_pipelines(desired, loaded)
         routes = self._build_routes(desired, loaded, old)
         status = self._version_status(desired, loaded)
-        self.dataplane.table = RouteTable(desired.revision, routes, loaded, status)  # the swap
+        self.dataplane.table = RouteTable(desired.revision, routes, loaded, status,
+                                          desired.step_routes)  # the swap
         self.dataplane.started = True
         self._retire_unused(old, loaded)
         now = monotonic()

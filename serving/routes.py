@@ -92,8 +92,8 @@ class ModelRoute:
     shadow: str | None = None
     warm: tuple[str, ...] = ()
     api_key_hashes: frozenset[str] = frozenset()
-    # The registry requires predict keys everywhere (MMC_REQUIRE_PREDICT_KEYS): a route without
-    # keys then refuses every request instead of being open.
+    # The endpoint is protected (or the registry requires predict keys everywhere,
+    # MMC_REQUIRE_PREDICT_KEYS): a route without keys then refuses every request, never opens.
     keys_required: bool = False
     # Rate limit and daily quota of the whole endpoint (serving.ratelimit), and each key's label
     # and limits by its hash (a hash missing here is a key without limits).
@@ -119,6 +119,12 @@ class ModelRoute:
         vs = {self.stable, self.candidate, self.blue, self.green, self.shadow, *self.warm}
         vs.discard(None)
         return vs  # type: ignore[return-value]
+
+    def answers_pinned(self, version: str) -> bool:
+        """Whether a call pinned to `version` may reach it: one of this route's versions. A
+        version loaded only as a pipeline's step is not (the pipeline runs it, nobody else)."""
+        return version in (self.stable, self.candidate, self.blue, self.green, self.shadow) \
+            or version in self.warm
 
     @property
     def live_version(self) -> str | None:
@@ -169,6 +175,9 @@ class DesiredState:
     revision: int
     routes: dict[str, ModelRoute]
     versions: dict[tuple[str, str], VersionSpec]
+    # Models that run here only as pipeline steps yet have an endpoint (keys, limits) serving
+    # nothing of its own: that endpoint's route, so a call through the pipeline meets them.
+    step_routes: dict[str, ModelRoute] = field(default_factory=dict)
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
+from dataclasses import replace
 from time import monotonic
 
 from serving.dataplane import DataPlane, RouteTable
@@ -79,7 +80,7 @@ class ScaleToZero:
                     self._asleep[key] = lv.spec
                     self.dataplane.asleep[key] = lv.stats
                     status[key] = (SCALED_TO_ZERO, None)
-            self.dataplane.table = RouteTable(table.revision, table.routes, loaded, status)
+            self.dataplane.table = replace(table, loaded=loaded, status=status)
             keep = {id(lv) for lv in loaded.values()}
             for lv in table.loaded.values():
                 if id(lv) not in keep:
@@ -123,7 +124,7 @@ class ScaleToZero:
                     loaded[spec.key] = outcome
                     status[spec.key] = ("READY", None)
             self.dataplane.activity.setdefault(model, [0, 0.0])[1] = monotonic()
-            self.dataplane.table = RouteTable(table.revision, table.routes, loaded, status)
+            self.dataplane.table = replace(table, loaded=loaded, status=status)
         log.info("model %s woke from zero in %.2f s", model, seconds)
         self._spawn(self.heartbeat())  # the waiting requests need not wait for the report
 

@@ -78,7 +78,7 @@ _SUMMED = (
     "compute_input_count", "compute_input_ns", "compute_infer_count", "compute_infer_ns",
     "compute_output_count", "compute_output_ns", "inference_count", "execution_count",
     "pending", "latency_sum_ns", "cache_hit_count", "cache_hit_ns", "cache_miss_count",
-    "cache_miss_ns", "cold_starts", "cold_start_sum_s")
+    "cache_miss_ns", "cold_starts", "cold_start_sum_s", "model_fail_count")
 
 
 class VersionStats:
@@ -97,6 +97,7 @@ class VersionStats:
         "batch_stats", "pending", "latency_counts", "latency_sum_ns", "since",
         "cached", "cache_hit_count", "cache_hit_ns", "cache_miss_count", "cache_miss_ns",
         "cold_starts", "cold_start_sum_s", "cold_start_last_s", "cold_start_at",
+        "model_fail_count",
     )
 
     def __init__(self, model: str, version: str) -> None:
@@ -105,6 +106,9 @@ class VersionStats:
         self.last_inference_ms = 0
         self.success_count = self.success_ns = 0
         self.fail_count = self.fail_ns = 0
+        # Of the failures, those the model itself raised on inputs its signature accepts
+        # (serving.errors.ModelFailed, a 500): the version's own errors, not its callers'.
+        self.model_fail_count = 0
         self.queue_count = self.queue_ns = 0
         self.compute_input_count = self.compute_input_ns = 0
         self.compute_infer_count = self.compute_infer_ns = 0
@@ -180,6 +184,10 @@ class VersionStats:
         self.fail_count += 1
         self.fail_ns += duration_ns
 
+    def record_model_failure(self) -> None:
+        """One of the failures (already counted by `record_failure`) was the model's own."""
+        self.model_fail_count += 1
+
     def record_cold_start(self, seconds: float) -> None:
         """A scaled-to-zero version loaded again because a request asked for it: from the first
         request's arrival until the version could answer."""
@@ -250,6 +258,7 @@ class VersionStats:
             "since": self.since,
             "count": self.success_count + self.fail_count,
             "errors": self.fail_count,
+            "model_errors": self.model_fail_count,
             "rows": self.inference_count,
             "executions": self.execution_count,
             "latency_sum_s": self.latency_sum_ns / 1e9,
@@ -388,6 +397,13 @@ class ServingCollector:
                 running += c
                 cumulative.append((le, running))
             hist.add_metric(values, cumulative, s.latency_sum_ns / 1e9)
+        model_failures = Metric("mmc_inference_model_failures", "Failed inference requests the "
+                                "model itself failed on (500), of nv_inference_request_failure",
+                                "counter")
+        for replica, s in all_stats:
+            model_failures.add_sample("mmc_inference_model_failures_total", {
+                "model": s.model, "version": s.version, "replica": replica},
+                float(s.model_fail_count))
         cold = Metric("mmc_cold_starts", "Loads of a scaled-to-zero version that a request "
                       "waited for", "counter")
         cold_seconds = Metric("mmc_cold_start_seconds", "Seconds requests waited for "
@@ -404,6 +420,7 @@ class ServingCollector:
         yield from (m for m in cache_counters.values() if m.samples)
         yield pending
         yield hist
+        yield model_failures
         yield cold
         yield cold_seconds
         yield cold_last

@@ -137,6 +137,20 @@ def background_work_settles(request):
     wait_background_idle()
 
 
+@pytest.fixture
+def analysis_ticking(request):
+    """The canary analysis' periodic tick runs, as in a running product: its last pass is
+    recorded now, so a canary with a plan may start (registry.ticks). The specs of a silent
+    analysis make that record old instead."""
+    transactional = any(f in request.fixturenames for f in ("transactional_db", "live_server"))
+    marker = request.node.get_closest_marker("django_db")
+    transactional = transactional or (marker is not None and marker.kwargs.get("transaction"))
+    request.getfixturevalue("transactional_db" if transactional else "db")
+    from registry.ticks import tick_recorded
+
+    tick_recorded()
+
+
 @pytest.fixture(autouse=True)
 def throttles_reset():
     """Rate-limit counts (DRF throttles, in the process's local-memory cache) never carry from one

@@ -88,7 +88,7 @@ class InProcessReplica:
                                     headers=headers)
 
     async def sync(self) -> None:
-        await self.admission.sync(self.dataplane.table.routes)
+        await self.admission.sync(self.dataplane.table.limited_routes())
 
     async def stop(self) -> None:
         await self.app.shutdown()

@@ -66,3 +66,55 @@ def todays_swiglu() -> bytes:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
     )
     return helper.make_model(graph).SerializeToString()
+
+
+# ------------------------------------------ hostile to the conversion check (IR 14, opset 28)
+
+TODAY_IR, TODAY_OPSET = 14, 28
+
+
+def _today(graph) -> bytes:
+    return helper.make_model(graph, ir_version=TODAY_IR, opset_imports=[
+        helper.make_opsetid("", TODAY_OPSET)]).SerializeToString()
+
+
+def todays_huge_input() -> bytes:
+    """An input declaring 2**40 elements (4 TiB of FP32): a few bytes of file."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "huge_input",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2**20, 2**20])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2**20, 2**20])])
+    return _today(graph)
+
+
+def todays_constant_of_shape(nbytes: int = 1024**3) -> bytes:
+    """A small input plus ConstantOfShape filling `nbytes` of FP32 from a constant shape."""
+    shape = helper.make_tensor("shape", TensorProto.INT64, [1], [nbytes // 4])
+    graph = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["shape"], ["big"],
+                          value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
+         helper.make_node("ReduceSum", ["big"], ["total"], keepdims=0),
+         helper.make_node("Add", ["x", "total"], ["y"])], "constant_of_shape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], [shape])
+    return _today(graph)
+
+
+def todays_long_loop(iterations: int = 300_000) -> bytes:
+    """A Loop of `iterations` trips adding 1 to a scalar: tiny file, long to run."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Add", ["acc_in", "one"], ["acc_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1])],
+        [helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "cond", "x"], ["y"], body=body)], "long_loop",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        [helper.make_tensor("trips", TensorProto.INT64, [], [iterations]),
+         helper.make_tensor("cond", TensorProto.BOOL, [], [True])])
+    return _today(graph)

@@ -230,6 +230,7 @@ def test_decisions_are_webhook_events(action, event):
 PLAN = {"steps": [50, 100], "bake_seconds": 0, "min_requests": 10}
 
 
+@pytest.mark.usefixtures("analysis_ticking")
 def test_the_analysis_holds_an_unapproved_candidate_says_why_once_then_promotes(team):
     services.model_update(name=M, requires_approval=False, actor=team["alice"])
     services.canary_start(model_name=M, version_number=2, plan=PLAN, actor=team["alice"])
@@ -351,6 +352,7 @@ def test_console_reject_without_a_comment_says_so_and_a_viewer_cannot_toggle(tea
     assert 'id="approval-history"' in page and "Approve</button>" not in page
 
 
+@pytest.mark.usefixtures("analysis_ticking")
 def test_the_deployment_page_says_why_the_analysis_holds(team, client):
     services.model_update(name=M, requires_approval=False, actor=team["alice"])
     services.canary_start(model_name=M, version_number=2, plan={"steps": [100],

@@ -7,6 +7,9 @@ new version and in the audit log; refused, with the reason, when it cannot be co
 from __future__ import annotations
 
 import json
+import re
+import resource
+import time
 
 import numpy as np
 import onnx
@@ -172,3 +175,82 @@ def test_mmc_upload_convert_uploads_converts_and_reports_the_new_version(users, 
         assert "422: operator SwiGLU cannot be converted" in err
     finally:
         console.stop()
+
+
+# -- the equivalence check runs in a box: a model cannot take the console's memory or time ----
+
+
+def _shown_to_users(error: str, settings) -> str:
+    """The reason as a user reads it: no path of this host in it."""
+    assert str(settings.ARTIFACT_ROOT) not in error
+    assert not re.search(r"(^|[\s('\"])/[\w.-]", error), error
+    return error
+
+
+def test_an_input_declaring_2_to_the_40_elements_is_refused_before_anything_is_allocated(
+        engineer, refused, settings):
+    refused("huge", onnx_cases.todays_huge_input())
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.monotonic()
+    r = engineer.post(CONVERT.format("huge", 1))
+    assert r.status_code == 422, r.content
+    error = _shown_to_users(r.json()["error"], settings)
+    assert "input 'x' declares shape [1048576, 1048576] (1099511627776 elements, 4 TiB)" in error
+    assert "the conversion check's 1 GiB memory limit (MMC_CONVERT_MEMORY_BYTES)" in error
+    assert "nothing was allocated" in error
+    assert time.monotonic() - started < 5
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 100 * 1024  # KiB
+    assert engineer.get("/api/v1/models/huge/versions/").json()["count"] == 1
+
+
+def test_a_model_that_fills_memory_is_refused_naming_the_memory_limit(engineer, refused,
+                                                                       settings):
+    settings.CONVERT_MEMORY_BYTES = 256 * 1024**2
+    refused("filler", onnx_cases.todays_constant_of_shape(1024**3))  # 1 GiB of ones
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    r = engineer.post(CONVERT.format("filler", 1))
+    assert r.status_code == 422, r.content
+    error = _shown_to_users(r.json()["error"], settings)
+    assert error.startswith("the conversion check ran out of its 256 MiB memory limit "
+                            "(MMC_CONVERT_MEMORY_BYTES)"), error
+    assert "not kept" in error
+    # the gigabyte was asked for in the child: this process did not grow
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 100 * 1024  # KiB
+    assert engineer.get("/api/v1/models/filler/versions/").json()["count"] == 1
+
+
+def test_a_model_that_runs_too_long_is_refused_within_the_time_limit(engineer, refused,
+                                                                      settings):
+    settings.CONVERT_TIMEOUT_S = 2
+    refused("looper", onnx_cases.todays_long_loop(300_000))
+    started = time.monotonic()
+    r = engineer.post(CONVERT.format("looper", 1))
+    took = time.monotonic() - started
+    assert r.status_code == 422, r.content
+    error = _shown_to_users(r.json()["error"], settings)
+    assert error.startswith("the conversion check ran past its 2 s time limit "
+                            "(MMC_CONVERT_TIMEOUT_S)"), error
+    assert 2 <= took < 4
+    assert engineer.get("/api/v1/models/looper/versions/").json()["count"] == 1
+
+
+def test_a_refusal_that_would_name_a_path_on_this_host_names_none(engineer, refused, settings):
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones(4, np.float32), "w")  # weights "next to" the store
+    w.ClearField("raw_data")
+    w.data_location = TensorProto.EXTERNAL
+    w.external_data.add(key="location", value=str(settings.ARTIFACT_ROOT / "weights.bin"))
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])], "external",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], [w])
+    model = helper.make_model(graph, ir_version=14, opset_imports=[helper.make_opsetid("", 28)])
+    v1 = refused("elsewhere", model.SerializeToString())
+    assert v1["status"] == "failed"
+    _shown_to_users(v1["failure_reason"], settings)
+    r = engineer.post(CONVERT.format("elsewhere", 1))
+    assert r.status_code == 422, r.content
+    error = _shown_to_users(r.json()["error"], settings)
+    assert "should be a relative path, but it is an absolute path: <store>/weights.bin" in error

@@ -24,7 +24,7 @@ from registry.models import AuditEvent, ModelVersion
 from registry.store.artifacts import default_store
 from tests import onnx_cases
 from tests.conftest import CLUSTERED, upload, wait_validated
-from tests.replicas import replicas
+from tests.replicas import replicas, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SYSTEM = Actor.system("test")
@@ -194,6 +194,35 @@ def test_a_replica_serves_pipeline_versions_with_canary_rollback_and_statistics(
         assert config["platform"] == "ensemble"
         assert [s["model_name"] for s in config["ensemble_scheduling"]["step"]] == [
             "scaler", "adder"]
+
+
+def test_a_replica_holds_calls_through_a_pipeline_to_its_steps_rules(engineer, steps, tmp_path):
+    """adder's endpoint serves nothing but has a key and a rate limit; scaler serves v2 while
+    the pipeline runs scaler v1, which only the pipeline may reach."""
+    services.endpoint_deploy(model_name="scaler", version_number=2, actor=SYSTEM)
+    _, key = services.api_key_create(model_name="adder", name="app", actor=SYSTEM)
+    services.limits_set(model_name="adder", actor=SYSTEM, rps=0.01, burst=3)
+    assert create(engineer, spec({"version": 1})).status_code == 201
+    services.endpoint_deploy(model_name="pipe", version_number=1, actor=SYSTEM)
+    x = {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": sum(X, [])}]}
+    with replicas(1, embedded=not CLUSTERED, log_dir=tmp_path) as (rep,), \
+            httpx.Client(base_url=rep.url, timeout=20) as http:
+        # refused before any limit is counted: once the pipeline is loaded, for the step's key
+        wait_until(lambda: http.post("/v2/models/pipe/infer", json=x).status_code == 401,
+                   what="the pipeline loaded, asking for its step's key")
+        refused = http.post("/v2/models/pipe/infer", json=x).json()["error"]
+        assert refused.startswith("step 'sum' (model 'adder') of pipeline 'pipe' needs an API key")
+        for _ in range(3):
+            version, y = infer(http, "pipe", **{"X-Api-Key": key})
+            assert version == "1" and np.allclose(y, 3 * np.array(X))
+        limited = http.post("/v2/models/pipe/infer", json=x, headers={"X-Api-Key": key})
+        assert limited.status_code == 429
+        assert limited.json()["error"].startswith(
+            "step 'sum' (model 'adder') of pipeline 'pipe': rate limit of model 'adder'")
+        pinned = http.post("/v2/models/scaler/versions/1/infer", json=x)
+        assert pinned.status_code == 404 and "only as a pipeline step" in pinned.json()["error"]
+        version, y = infer(http, "scaler")
+        assert version == "2" and np.allclose(y, 10 * np.array(X))
 
 
 def test_the_triton_export_of_a_pipeline_is_an_ensemble_with_its_step_models(engineer, steps):

@@ -93,6 +93,7 @@ def test_wait_names_a_lost_replica_as_a_laggard_without_waiting_for_it(revision,
     assert wait_for_revision(revision, timeout=0)["converged"] is True
 
 
+@pytest.mark.usefixtures("analysis_ticking")  # the analysis runs: only serving converges
 def test_a_replica_applying_a_new_revision_is_converging_not_degraded(revision, settings):
     settings.REPLICA_STALE_SECONDS, settings.REPLICA_CONVERGE_SECONDS = 10, 30
     heartbeat("r1", revision=revision - 1, behind=3)

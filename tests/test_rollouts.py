@@ -31,6 +31,8 @@ from registry.signatures import extract_signature
 
 ME = Actor.system("test")
 M = "ranker"
+# Canaries with a plan start only while the analysis runs (registry.ticks).
+pytestmark = pytest.mark.usefixtures("analysis_ticking")
 
 
 def make_model(name: str = M, blobs: tuple[bytes, ...] | None = None) -> RegisteredModel:

@@ -151,6 +151,7 @@ def test_split_and_sticky_keys_on_a_real_replica(engineer, ready_model, tmp_path
             assert all(version(k) == first[k] for k in keys for _ in range(2))
 
 
+@pytest.mark.usefixtures("analysis_ticking")
 def test_canary_analysis_on_real_figures_rolls_back_a_slow_one_and_promotes_a_healthy_one(
         engineer, ready_model, tmp_path):
     from registry.models import AuditEvent, Endpoint

@@ -48,21 +48,19 @@ def status_badge(status: str):
 
 
 @register.simple_tag
-def approval_badge(approval: str, required: bool = True):
-    """A version's approval as a word; muted where its model does not require approval."""
-    note = "" if required else " (this model does not require approval)"
-    return format_html('<span class="badge badge-approval-{0}{1}" title="{2}{3}">{0}</span>',
-                       approval, "" if required else " badge-muted",
-                       ApprovalState.help_for(approval), note)
+def approval_badge(approval: str):
+    """A version's approval as a word; shown only where its model requires approval."""
+    return format_html('<span class="badge badge-approval-{0}" title="{1}">{0}</span>',
+                       approval, ApprovalState.help_for(approval))
 
 
 @register.simple_tag
 def access_badge(access):
     """An endpoint's predict-key protection as a word: protected (a key is needed) or open."""
     if access.refusing_all:
-        return format_html('<span class="badge badge-protected" title="{}">protected · no key '
-                           'yet</span>', "keys are required here and this endpoint has none: "
-                           "every request is refused until one is created")
+        return format_html('<span class="badge badge-protected" title="{}">protected, no keys'
+                           '</span>', "every call is refused (401) until a key is created"
+                           + ("" if access.required else " or the endpoint is opened"))
     if access.protected:
         return format_html('<span class="badge badge-protected" title="{}">protected</span>',
                            "requests need one of this endpoint's predict keys")
@@ -122,6 +120,16 @@ def signature_summary(signature: dict | None) -> str:
     ins = ", ".join(_tensor(t) for t in signature["inputs"])
     outs = ", ".join(_tensor(t) for t in signature.get("outputs") or [])
     return f"{ins} → {outs}"
+
+
+@register.filter
+def opsets(value: dict | None) -> str:
+    """{"": 17, "ai.onnx.ml": 3} -> "ai.onnx 17, ai.onnx.ml 3": ONNX names the default domain
+    by the empty string."""
+    if not value:
+        return "—"
+    return ", ".join(f"{domain or 'ai.onnx'} {version}"
+                     for domain, version in sorted(value.items(), key=lambda kv: kv[0] != ""))
 
 
 @register.filter

@@ -36,13 +36,15 @@ def requires(read: str = "viewer", write: str = "engineer") -> Callable:
     return decorate
 
 
-def run_service(request: HttpRequest, service: Callable, *, success: str = "", **kwargs):
+def run_service(request: HttpRequest, service: Callable, *, success: str = "",
+                worded: Callable[[RegistryError], str | None] | None = None, **kwargs):
     """Call one registry service as the request's user; a RegistryError becomes an error
-    message (and None is returned) so the page shows what went wrong."""
+    message (and None is returned) so the page shows what went wrong: in the API's words, or
+    in the console's where `worded` has them (a box to tick, not a parameter to send)."""
     try:
         result = service(actor=Actor.from_request(request), **kwargs)
     except RegistryError as exc:
-        messages.error(request, exc.message)
+        messages.error(request, (worded(exc) if worded else None) or exc.message)
         return None
     if success:
         messages.success(request, success)

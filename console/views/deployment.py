@@ -23,7 +23,9 @@ from registry.models import AuditEvent, ModelVersion
 from registry.notify import current_revision
 from registry.roles import has_role
 from registry.routing import Routing
+from registry.services import analysis_watch
 from registry.services.deployments import ALLOWED, EMPTY, endpoint_state
+from registry.ticks import TickAge, tick_age
 
 from .. import charts
 from ..forms import (
@@ -210,9 +212,11 @@ def traffic_split(ep) -> list[dict]:
 
 
 def complete_buckets(points: list[dict], now: float, width: float | None = None) -> list[dict]:
-    """Drop the bucket still filling: its rate would read as a sudden drop at the right edge."""
-    width = width or settings.METRICS_BUCKET_SECONDS
-    return [p for p in points if p["t"] + width <= now]
+    """Drop the point whose first bucket is still filling: replicas yet to report in it would
+    read as a sudden drop at the right edge. A wider point (10 min at 24 h) is drawn once a
+    bucket of it is complete: every replica's rate is in it, over the seconds it has run."""
+    fill = min(width or settings.METRICS_BUCKET_SECONDS, settings.METRICS_BUCKET_SECONDS)
+    return [p for p in points if p["t"] + fill <= now]
 
 
 def chart_range(request: HttpRequest) -> ChartRange:
@@ -315,14 +319,23 @@ def decisions(model_name: str) -> list[AuditEvent]:
                 .order_by("-created_at", "-id")[:DECISIONS_SHOWN])
 
 
-def live_context(request: HttpRequest, model, ep) -> dict:
+def watched_endpoint(model):
+    """The model's endpoint, read after a stale canary analysis was noticed (any running one
+    then drops its candidate to 0 %, registry.services.analysis_watch), and the tick's age."""
+    tick = tick_age()
+    analysis_watch.drop_stale(found=tick)
+    return selectors.endpoint_get(model), tick
+
+
+def live_context(request: HttpRequest, model, ep, tick: TickAge | None = None) -> dict:
     revision = current_revision()
     rows, summary = replica_rows(model.name, revision)
     split = traffic_split(ep)
     return {"model": model, "endpoint": ep, "state": endpoint_state(ep) if ep else EMPTY,
             "split": split, "split_narrow": any(0 < s["weight"] < NARROW for s in split),
             "replica_rows": rows, "convergence": summary,
-            "analysis": analysis_context(ep), "decisions": decisions(model.name),
+            "analysis": analysis_context(ep), "tick": tick,
+            "decisions": decisions(model.name),
             "page_revision": request.GET.get("rev"),
             "endpoint_revision": ep.revision if ep else 0}
 
@@ -376,8 +389,8 @@ def render_deployment(request: HttpRequest, name: str, *, new_key: dict | None =
     """The whole page; `new_key` (just created: shown once) and `key_form` (with its errors)
     come from the predict key form (console/views/keys.py)."""
     model = found(selectors.model_get, name)
-    ep = selectors.endpoint_get(model)
-    context = live_context(request, model, ep)  # the charts load right after, from their partial
+    ep, tick = watched_endpoint(model)
+    context = live_context(request, model, ep, tick)  # the charts load right after
     access = selectors.endpoint_access(ep)
     for key in access.keys:
         key.limits_form = LimitsForm.of(key, f"kl-{key.prefix}")
@@ -425,8 +438,8 @@ def deployment_charts(request: HttpRequest, name: str) -> HttpResponse:
 def deployment_live(request: HttpRequest, name: str) -> HttpResponse:
     """Traffic split, replica convergence, the analysis plan and decisions: polled every 2 s."""
     model = found(selectors.model_get, name)
-    ep = selectors.endpoint_get(model)
-    context = live_context(request, model, ep)
+    ep, tick = watched_endpoint(model)
+    context = live_context(request, model, ep, tick)
     seen = context["page_revision"]
     if seen is not None and seen != str(context["endpoint_revision"]):
         # Changed since the page drew its buttons (another user, the canary analysis, the

@@ -1,7 +1,8 @@
 """Predict keys of one endpoint, on its deployment page: create (shown once) and revoke, through
 the same services as the API's /endpoint/keys/; and the rate limits and daily quotas of the
 endpoint and of each key (the API's /endpoint/limits/ and /endpoint/keys/<prefix>/limits/); and
-when the endpoint scales to zero (the API's /endpoint/scale-to-zero/)."""
+when the endpoint scales to zero (the API's /endpoint/scale-to-zero/); and whether it is
+protected (the API's /endpoint/protect/ and /endpoint/open/)."""
 
 from __future__ import annotations
 
@@ -38,9 +39,29 @@ def key_create(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 @requires(write="engineer")
 def key_revoke(request: HttpRequest, name: str, prefix: str) -> HttpResponse:
-    run_service(request, access.api_key_revoke, model_name=name, prefix=prefix,
-                success=f"Predict key {prefix}… revoked: replicas refuse it once they apply "
-                        "the change.")
+    revoked = run_service(request, access.api_key_revoke, model_name=name, prefix=prefix)
+    if revoked is not None:
+        (messages.warning if revoked.refusing_all else messages.success)(
+            request, f"{revoked.detail[0].upper()}{revoked.detail[1:]}. Replicas apply it with "
+                     "the next route revision.")
+    return redirect(reverse("console:deployment", kwargs={"name": name}) + "#keys")
+
+
+@require_POST
+@requires(write="engineer")
+def endpoint_protect(request: HttpRequest, name: str) -> HttpResponse:
+    """Every call needs a predict key from now on (with none yet, every call is refused)."""
+    run_service(request, access.endpoint_protect, model_name=name,
+                success=f"{name} is protected: every call needs one of its predict keys.")
+    return redirect(reverse("console:deployment", kwargs={"name": name}) + "#keys")
+
+
+@require_POST
+@requires(write="engineer")
+def endpoint_open(request: HttpRequest, name: str) -> HttpResponse:
+    """Anyone who can reach /v2 may call the endpoint without a key (audited)."""
+    run_service(request, access.endpoint_open, model_name=name,
+                success=f"{name} is open: calls need no predict key.")
     return redirect(reverse("console:deployment", kwargs={"name": name}) + "#keys")
 
 

@@ -18,6 +18,7 @@ from registry.evaluation import metric_columns, metric_diff, metric_rows
 from registry.filtersets import ModelFilterSet, VersionFilterSet
 from registry.models import VersionStatus
 from registry.roles import has_role
+from registry.services.deletion import model_delete, model_deletion_refusal
 
 from ..forms import (
     AliasSetForm,
@@ -117,6 +118,18 @@ def model_archive(request: HttpRequest, name: str, archived: bool) -> HttpRespon
     return redirect("console:model-detail", name=name)
 
 
+@require_POST
+@requires(write="engineer")
+def model_delete_view(request: HttpRequest, name: str) -> HttpResponse:
+    """Delete the model with its versions: the API's DELETE /api/v1/models/{m}/."""
+    form = ReasonForm(request.POST)
+    reason = form.cleaned_data["reason"] if form.is_valid() else ""
+    if run_service(request, model_delete, name=name, reason=reason,
+                   success=f"Model {name} and its versions deleted.") is None:
+        return redirect("console:model-detail", name=name)
+    return redirect("console:model-list")
+
+
 def version_rows_context(request: HttpRequest, model) -> dict:
     """The versions table and the metrics table above it, both narrowed by the version filter
     (the API's VersionFilterSet); the pickers keep every version."""
@@ -129,11 +142,14 @@ def version_rows_context(request: HttpRequest, model) -> dict:
         versions = everything
     columns = metric_columns(versions)
     endpoint = selectors.endpoint_get(model)
+    # the one gate's rule (selectors.traffic_refusal): only these are offered "Deploy as stable"
+    routable = {v.number for v in selectors.traffic_versions(model)}
+    for v in versions:
+        v.may_take_traffic = v.number in routable
     return {
         "model": model, "versions": versions, "endpoint": endpoint,
         "numbers": [v.number for v in everything],
-        # an alias may only point at a ready version (registry.services.catalog.alias_set)
-        "ready_numbers": [v.number for v in everything if v.status == VersionStatus.READY],
+        "alias_choices": alias_choices(everything, routable),
         "pending": any(v.status in PENDING for v in everything),
         "can_write": has_role(request.user, "engineer"),
         "filter": filterset, "filtered": bool(active) and filterset.is_valid(),
@@ -141,6 +157,19 @@ def version_rows_context(request: HttpRequest, model) -> dict:
         "metric_columns": columns,
         "metric_rows": [r for r in metric_rows(versions, columns) if r["version"].metrics],
     }
+
+
+def alias_choices(versions, routable: set[int]) -> list[tuple[int, str]]:
+    """The alias picker: ready versions (registry.services.catalog.alias_set), those that may
+    not take traffic said so, as the production alias refuses them."""
+    def label(v) -> str:
+        if v.number in routable:
+            return f"v{v.number}"
+        why = selectors.traffic_refusal(v).why  # "is rejected", or a pipeline's "runs step …"
+        said = why.removeprefix("is ") if why.startswith("is ") else "a step may not serve"
+        return f"v{v.number} ({said}: not for production)"
+
+    return [(v.number, label(v)) for v in versions if v.status == VersionStatus.READY]
 
 
 @require_GET
@@ -154,6 +183,7 @@ def model_detail(request: HttpRequest, name: str) -> HttpResponse:
         # PUT of the raw body: the multipart POST endpoint fails under session auth (CSRF reads
         # the body before the view sets its upload handler); same service, same progress events.
         upload_url=reverse("api:version-upload-raw", kwargs={"name": model.name}),
+        deletion_refusal=model_deletion_refusal(model),
     )
     return render(request, "console/model_detail.html", context)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from django import forms
 from django.conf import settings
 from django.contrib import messages
@@ -10,16 +12,18 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from registry import selectors, services
+from registry.errors import InvalidRequest, RegistryError
 from registry.integrations.tensorrt import BUILDING, PRECISIONS, QUEUED
 from registry.services import tensorrt as trt_services
 from registry.services import versions as version_services
 from registry.services.approvals import may_decide
 from registry.services.conversion import version_convert
+from registry.services.deletion import deletion_refusal, version_delete
 from registry.services.loadtests import live_traffic_roles, loadtest_create
 from registry.services.versions import SERVING_FIELDS
 
 from .. import tryit
-from ..forms import ApprovalForm, LoadTestForm, error_text
+from ..forms import ApprovalForm, LoadTestForm, ReasonForm, error_text
 from ..pipeline_drawing import draw
 from ..serving_form import LABELS, ServingForm
 from .access import requires, run_service
@@ -46,6 +50,7 @@ def render_version(request: HttpRequest, name: str, number: int, *,
         "model": version.model, "version": version, "signature": signature,
         "access": selectors.endpoint_access(endpoint),
         "roles": serving_roles(endpoint, version),
+        "traffic_refusal": selectors.traffic_refusal(version),
         "aliases": sorted(a.name for a in version.aliases.all()),
         "inputs": inputs, "outputs": outputs,
         "report": version.validation_report or {},
@@ -74,6 +79,7 @@ def render_version(request: HttpRequest, name: str, number: int, *,
         "tritonclient": tryit.tritonclient_snippet(request.get_host(), name, number, inputs,
                                                    outputs),
         "pipeline": draw(version.pipeline, signature) if version.pipeline else None,
+        "deletion_refusal": deletion_refusal(version.model, number),
     }
     return render(request, "console/version_detail.html", context, status=status)
 
@@ -93,11 +99,27 @@ def version_loadtest(request: HttpRequest, name: str, number: int) -> HttpRespon
         return redirect(f"{request.path.rsplit('loadtest/', 1)[0]}#loadtest")
     job = run_service(request, loadtest_create, model_name=name, number=number,
                       **form.service_kwargs(),
+                      worded=partial(loadtest_refusal, name=name, number=number),
                       success="Load test queued: its progress shows here, its result on the "
                               "version page.")
     if job is None:
         return redirect(f"{request.path.rsplit('loadtest/', 1)[0]}#loadtest")
     return redirect("console:job-detail", job_id=job.pk)
+
+
+def loadtest_refusal(exc: RegistryError, *, name: str, number: int) -> str | None:
+    """The service's refusals that name API parameters (confirm=true, `key`), in the form's
+    terms; the API keeps its own words."""
+    fields = LoadTestForm.base_fields
+    details = exc.details or {}
+    if details.get("rule") == "live-traffic":
+        return (f"v{number} takes real traffic ({', '.join(details.get('roles') or [])} of "
+                f"{name}): a load test would slow its users down. Tick “"
+                f"{fields['confirm'].label}” to run it anyway.")
+    if isinstance(exc, InvalidRequest) and exc.field == "key":
+        return (f"{name}'s endpoint requires a predict key: fill in “{fields['key'].label}” "
+                f"({fields['key'].help_text}).")
+    return None
 
 
 def _shown(value) -> str:
@@ -198,3 +220,17 @@ def version_convert_view(request: HttpRequest, name: str, number: int) -> HttpRe
     else:
         messages.info(request, f"v{number} was already converted: v{version.number}.")
     return redirect("console:version-detail", name, version.number)
+
+
+@require_POST
+@requires("viewer", write="engineer")
+def version_delete_view(request: HttpRequest, name: str, number: int) -> HttpResponse:
+    """Delete the version; the same service as DELETE .../versions/{n}/ in the API. Success
+    opens the model page, a refusal stays here with what holds it."""
+    form = ReasonForm(request.POST)
+    reason = form.cleaned_data["reason"] if form.is_valid() else ""
+    if run_service(request, version_delete, model_name=name, number=number, reason=reason,
+                   success=f"Version {number} deleted; its artifact goes with the next garbage "
+                           f"collection unless another version shares it.") is None:
+        return redirect(f"{request.path.rsplit('delete/', 1)[0]}#delete")
+    return redirect("console:model-detail", name=name)

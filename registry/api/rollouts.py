@@ -89,6 +89,9 @@ SwitchView = op(services.bluegreen_switch)
 SwitchBackView = op(services.bluegreen_switch_back,
                     doc="Send all traffic back to the colour the last switch left.")
 BlueGreenFinishView = op(services.bluegreen_finish)
+# Whether /infer needs a predict key: not a rollout, but the same shape (reason in, endpoint out).
+ProtectView = op(services.endpoint_protect)
+OpenView = op(services.endpoint_open)
 
 
 class ShadowSerializer(serializers.Serializer):

@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -308,6 +309,12 @@ class EndpointSerializer(serializers.Serializer):
         "with ?wait on a change: whether every live replica applied it"))
     limits = serializers.SerializerMethodField()
     scale_to_zero = serializers.SerializerMethodField()
+    protected = serializers.SerializerMethodField(help_text=(
+        "every call to /infer needs one of the endpoint's predict keys (with none, every call "
+        "is refused); set by protect or by creating a key, cleared only by open"))
+
+    def get_protected(self, obj) -> bool:
+        return obj.protected or settings.REQUIRE_PREDICT_KEYS
 
     @extend_schema_field(LimitsSerializer)
     def get_limits(self, obj) -> dict:
@@ -338,6 +345,16 @@ class ApiKeySerializer(serializers.ModelSerializer):
     @extend_schema_field(LimitsSerializer)
     def get_limits(self, obj) -> dict:
         return limits_body(obj, self.context.get("used", {}), obj.prefix)
+
+
+class ApiKeyRevokedSerializer(serializers.Serializer):
+    prefix = serializers.CharField()
+    remaining_keys = serializers.IntegerField(help_text="the endpoint's active keys left")
+    protected = serializers.BooleanField(help_text="the endpoint still needs a key on every call")
+    refusing_all = serializers.BooleanField(help_text=(
+        "the last key was revoked: every call is refused (401) until a key is created or the "
+        "endpoint is opened"))
+    detail = serializers.CharField()
 
 
 class NameSerializer(serializers.Serializer):

@@ -50,6 +50,8 @@ urlpatterns = [
     path(f"{MODEL}/endpoint/blue-green/finish/", rollouts.BlueGreenFinishView.as_view(),
          name="endpoint-bg-finish"),
     path(f"{MODEL}/endpoint/shadow/", rollouts.ShadowView.as_view(), name="endpoint-shadow"),
+    path(f"{MODEL}/endpoint/protect/", rollouts.ProtectView.as_view(), name="endpoint-protect"),
+    path(f"{MODEL}/endpoint/open/", rollouts.OpenView.as_view(), name="endpoint-open"),
     path(f"{MODEL}/endpoint/keys/", views.ApiKeyListView.as_view(), name="apikey-list"),
     path(f"{MODEL}/endpoint/keys/<str:prefix>/", views.ApiKeyDetailView.as_view(),
          name="apikey-detail"),

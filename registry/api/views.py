@@ -20,6 +20,7 @@ from registry.api.serializers import (
     AliasSerializer,
     AliasSetSerializer,
     ApiKeyCreatedSerializer,
+    ApiKeyRevokedSerializer,
     ApiKeySerializer,
     ApprovalCommentSerializer,
     ArchiveSerializer,
@@ -85,6 +86,9 @@ def wait_seconds(request) -> float | None:
     return seconds
 
 
+REASON = OpenApiParameter("reason", str, description="why, kept in the audit log")
+
+
 class MeView(APIView):
     @extend_schema(responses=MeSerializer)
     def get(self, request):
@@ -118,6 +122,14 @@ class ModelDetailView(APIView):
         data = valid(ModelUpdateSerializer, request.data)
         services.model_update(name=name, actor=actor(request), **data)
         return Response(ModelSerializer(selectors.model_get(name)).data)
+
+    @extend_schema(parameters=[REASON], responses={204: None})
+    def delete(self, request, name):
+        """Delete the model with its versions, aliases and endpoint (engineer+); 409 naming
+        what holds a version (a role on its endpoint, another model's pipeline, a job)."""
+        services.model_delete(name=name, actor=actor(request),
+                              reason=request.query_params.get("reason", ""))
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class ModelArchiveView(APIView):
@@ -279,6 +291,15 @@ class VersionDetailView(APIView):
                                            actor=actor(request), **data)
         return Response(VersionSerializer(selectors.version_get(name, number)).data)
 
+    @extend_schema(parameters=[REASON], responses={204: None})
+    def delete(self, request, name, number):
+        """Delete a version nothing holds (engineer+); 409 naming what holds it: a role on its
+        endpoint, a pipeline step, an alias, a job, a validation. Its blob goes with the next
+        garbage collection unless another version shares it."""
+        services.version_delete(model_name=name, number=number, actor=actor(request),
+                                reason=request.query_params.get("reason", ""))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
 
 class VersionApproveView(APIView):
     @extend_schema(request=ApprovalCommentSerializer, responses=VersionSerializer)
@@ -414,10 +435,13 @@ class ApiKeyListView(APIView):
 
 
 class ApiKeyDetailView(APIView):
-    @extend_schema(responses={204: None})
+    @extend_schema(responses={200: ApiKeyRevokedSerializer})
     def delete(self, request, name, prefix):
-        services.api_key_revoke(model_name=name, prefix=prefix, actor=actor(request))
-        return Response(status=status.HTTP_204_NO_CONTENT)
+        """Revoke a key. The endpoint stays protected: revoking its last key refuses every
+        call (401) until a key is created or the endpoint is opened (POST .../endpoint/open/);
+        the answer says which."""
+        revoked = services.api_key_revoke(model_name=name, prefix=prefix, actor=actor(request))
+        return Response({**ApiKeyRevokedSerializer(revoked).data, "detail": revoked.detail})
 
 
 class ApiKeyLimitsView(APIView):

@@ -8,6 +8,7 @@
     mmc upload fraud today.onnx --convert      # IR/opset too new for the server: convert it
     mmc versions fraud --metric 'auc>0.9' --metadata team:ml
     mmc alias fraud production 3
+    mmc delete-version fraud 2 --reason "superseded"   # or: delete-model fraud (all versions)
     mmc approve fraud 3 --comment "offline eval ok"   # or: reject fraud 3 --comment why
     mmc deploy fraud 3 --wait 30
     mmc canary fraud 4 --weight 5 --wait 30     # then: weight, promote, abort
@@ -134,6 +135,16 @@ def cmd_versions(c: Client, a) -> int:
         print(f"{v['number']:>4}  {v['status']:10} {v['sha256'][:12]}  {v['size_bytes']:>10}  "
               f"{','.join(v['aliases']) or '-':7}  {metrics or '-'}  {v['failure_reason'][:60]}"
               .rstrip())
+    return 0
+
+
+def cmd_delete(c: Client, a) -> int:
+    """delete-version / delete-model: refused (409, printed) while anything holds a version."""
+    what = f"{a.model}:{a.version}" if a.command == "delete-version" else f"model {a.model}"
+    path = (f"models/{a.model}/versions/{a.version}/" if a.command == "delete-version"
+            else f"models/{a.model}/")
+    c.call("DELETE", path, params={"reason": a.reason} if a.reason else None)
+    print(f"deleted {what}", file=sys.stderr)
     return 0
 
 
@@ -399,6 +410,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--metadata", action="append", metavar="KEY:VALUE",
                    help="only versions whose metadata has it, e.g. team:ml (repeat)")
     s.set_defaults(fn=cmd_versions)
+    for command, text in (("delete-version", "delete a version nothing serves or refers to"),
+                          ("delete-model", "delete a model and all its versions (none serving)")):
+        s = sub.add_parser(command, help=text)
+        s.add_argument("model")
+        if command == "delete-version":
+            s.add_argument("version", type=int)
+        s.add_argument("--reason", default="", help="kept in the audit log")
+        s.set_defaults(fn=cmd_delete)
     s = sub.add_parser("alias", help="point an alias at a version (or --delete it)")
     s.add_argument("model")
     s.add_argument("alias")

@@ -4,6 +4,8 @@ can race, audited in the same transaction, and announced to serving after commit
 from registry.services.access import (
     api_key_create,
     api_key_revoke,
+    endpoint_open,
+    endpoint_protect,
     ensure_roles,
     token_create,
     token_login,
@@ -17,6 +19,7 @@ from registry.services.catalog import (
     model_create,
     model_update,
 )
+from registry.services.deletion import model_delete, version_delete
 from registry.services.deployments import endpoint_deploy, endpoint_for_update, endpoint_state
 from registry.services.limits import limits_set
 from registry.services.rollouts import (
@@ -46,9 +49,9 @@ __all__ = [
     "canary_promote", "canary_start", "canary_weight", "endpoint_state", "rollback",
     "shadow_start", "shadow_stop",
     "alias_remove", "alias_set", "api_key_create", "api_key_revoke", "endpoint_deploy",
-    "endpoint_for_update", "ensure_roles", "limits_set", "model_archive", "model_create",
-    "model_update", "scale_to_zero_set",
+    "endpoint_for_update", "endpoint_open", "endpoint_protect", "ensure_roles", "limits_set",
+    "model_archive", "model_create", "model_update", "scale_to_zero_set",
     "role_from_groups", "sso_sign_in", "token_create", "token_login", "token_revoke",
     "version_approve", "version_configure", "version_describe", "version_reject",
-    "version_upload",
+    "version_upload", "model_delete", "version_delete",
 ]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from datetime import timedelta
 
 from axes.helpers import get_cool_off
@@ -11,8 +12,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from registry.audit import Actor, record
-from registry.errors import InvalidRequest, LoginRefused, NotFound, TooManyAttempts
-from registry.models import ApiToken, EndpointApiKey
+from registry.errors import (
+    InvalidRequest,
+    LifecycleError,
+    LoginRefused,
+    NotFound,
+    TooManyAttempts,
+)
+from registry.models import ApiToken, Endpoint, EndpointApiKey
 from registry.notify import bump_revision
 from registry.roles import ROLES
 from registry.services.catalog import lock_model
@@ -99,7 +106,8 @@ def token_login(*, request, username: str, password: str, client: str) -> tuple[
 
 
 def api_key_create(*, model_name: str, name: str, actor: Actor) -> tuple[EndpointApiKey, str]:
-    """A predict key for one endpoint: once any active key exists, /infer requires one."""
+    """A predict key for one endpoint; the endpoint is protected from then on (every call to
+    /infer needs one of its keys) until someone opens it, even after its last key is revoked."""
     if not name or len(name) > 64:
         raise InvalidRequest("name must be 1-64 characters", field="name")
     raw = "mmck_" + secrets.token_urlsafe(32)
@@ -107,14 +115,42 @@ def api_key_create(*, model_name: str, name: str, actor: Actor) -> tuple[Endpoin
         endpoint = endpoint_for_update(lock_model(model_name))
         key = EndpointApiKey.objects.create(endpoint=endpoint, name=name, prefix=raw[:12],
                                             key_hash=api_key_hash(raw), created_by=actor.user)
+        protecting = not endpoint.protected
+        endpoint.protected = True
         endpoint.revision = bump_revision()
-        endpoint.save(update_fields=["revision", "updated_at"])
+        endpoint.save(update_fields=["protected", "revision", "updated_at"])
         record(actor, "apikey.create", target_type="apikey", target=f"{model_name}/{key.prefix}",
-               model_name=model_name, after={"name": name, "prefix": key.prefix})
+               model_name=model_name, after={"name": name, "prefix": key.prefix,
+                                             **({"protected": True} if protecting else {})})
     return key, raw
 
 
-def api_key_revoke(*, model_name: str, prefix: str, actor: Actor) -> None:
+@dataclass(frozen=True)
+class KeyRevoked:
+    """What a revoke left: the endpoint's active keys, and whether every call is now refused."""
+
+    prefix: str
+    remaining_keys: int
+    protected: bool
+
+    @property
+    def refusing_all(self) -> bool:
+        return self.protected and not self.remaining_keys
+
+    @property
+    def detail(self) -> str:
+        if self.refusing_all:
+            return (f"predict key {self.prefix}… revoked; it was the endpoint's last key: the "
+                    f"endpoint stays protected, so every call is refused (401) until a key is "
+                    f"created" + ("" if settings.REQUIRE_PREDICT_KEYS else
+                                  " or the endpoint is opened"))
+        return (f"predict key {self.prefix}… revoked; calls with it are refused (401), "
+                f"{self.remaining_keys} key(s) still work")
+
+
+def api_key_revoke(*, model_name: str, prefix: str, actor: Actor) -> KeyRevoked:
+    """Revoke one key. The endpoint stays protected: revoking its last key closes it (every call
+    401), it never opens it (that is endpoint_open, audited on its own)."""
     with transaction.atomic():
         endpoint = endpoint_for_update(lock_model(model_name, allow_archived=True))
         key = endpoint.api_keys.filter(prefix=prefix, revoked_at__isnull=True).first()
@@ -122,10 +158,56 @@ def api_key_revoke(*, model_name: str, prefix: str, actor: Actor) -> None:
             raise NotFound(f"no active key {prefix!r} on {model_name!r}", field="key")
         key.revoked_at = timezone.now()
         key.save(update_fields=["revoked_at"])
+        # an endpoint with keys from before protection was a setting counts as protected
+        endpoint.protected = True
         endpoint.revision = bump_revision()
-        endpoint.save(update_fields=["revision", "updated_at"])
+        endpoint.save(update_fields=["protected", "revision", "updated_at"])
+        result = KeyRevoked(prefix=prefix, protected=True,
+                            remaining_keys=endpoint.api_keys.filter(
+                                revoked_at__isnull=True).count())
         record(actor, "apikey.revoke", target_type="apikey", target=f"{model_name}/{prefix}",
-               model_name=model_name, before={"name": key.name, "prefix": prefix})
+               model_name=model_name, before={"name": key.name, "prefix": prefix},
+               after={"remaining_keys": result.remaining_keys,
+                      "refusing_all": result.refusing_all})
+    return result
+
+
+def endpoint_protect(*, model_name: str, actor: Actor, reason: str = "") -> Endpoint:
+    """Require a predict key on every call to the endpoint; with no key yet, every call is
+    refused (401) until one is created."""
+    return _protection(model_name=model_name, protected=True, actor=actor, reason=reason)
+
+
+def endpoint_open(*, model_name: str, actor: Actor, reason: str = "") -> Endpoint:
+    """Let anyone who can reach /v2 call the endpoint without a key. Refused while it has active
+    keys (their holders would think them needed) and where the server requires keys
+    everywhere (MMC_REQUIRE_PREDICT_KEYS)."""
+    return _protection(model_name=model_name, protected=False, actor=actor, reason=reason)
+
+
+def _protection(*, model_name: str, protected: bool, actor: Actor, reason: str) -> Endpoint:
+    with transaction.atomic():
+        endpoint = endpoint_for_update(lock_model(model_name, allow_archived=protected))
+        if endpoint.protected == protected:
+            raise LifecycleError(f"endpoint {model_name!r} is already "
+                                 f"{'protected' if protected else 'open'}", field="protected")
+        if not protected:
+            if settings.REQUIRE_PREDICT_KEYS:
+                raise LifecycleError("this server requires a predict key on every endpoint "
+                                     "(MMC_REQUIRE_PREDICT_KEYS): an endpoint cannot be opened",
+                                     field="protected")
+            keys = endpoint.api_keys.filter(revoked_at__isnull=True).count()
+            if keys:
+                raise LifecycleError(f"endpoint {model_name!r} has {keys} active predict "
+                                     f"key(s): revoke them before opening it", field="protected")
+        endpoint.protected = protected
+        endpoint.revision = bump_revision()
+        endpoint.save(update_fields=["protected", "revision", "updated_at"])
+        record(actor, "endpoint.protect" if protected else "endpoint.open",
+               target_type="endpoint", target=model_name, model_name=model_name,
+               before={"protected": not protected}, after={"protected": protected},
+               reason=reason)
+    return endpoint
 
 
 def token_touch(token: ApiToken) -> None:

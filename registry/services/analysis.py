@@ -5,7 +5,8 @@ that changes the endpoint goes through the rollout services (actor "canary-analy
 audited with the figures it used.
 
 The tick is a plain function (tests call it); the periodic task `registry.rollout_tick`
-(registry/tasks.py) runs it."""
+(registry/tasks.py) runs it, and each pass records that it ran (analysis_watch drops running
+candidates to 0 % when it stops: registry.ticks)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from registry.models import Endpoint
 from registry.routing import AnalysisPlan
 from registry.services import rollouts
 from registry.services.gate import refusal
+from registry.ticks import tick_recorded
 
 log = logging.getLogger(__name__)
 ACTOR = "canary-analysis"
@@ -137,5 +139,6 @@ def tick(*, now: datetime | None = None, metrics: Metrics | None = None) -> list
         except LifecycleError as exc:  # changed by hand meanwhile: the refusal is audited
             out[-1]["refused"] = exc.message
     rollouts.housekeeping()
+    tick_recorded()  # watched: a tick that stops is noticed (registry.ticks)
     return out
 

@@ -3,10 +3,11 @@ from __future__ import annotations
 import re
 
 from django.db import IntegrityError, transaction
+from django.db.models import Max
 
 from registry.audit import Actor, record
 from registry.errors import InvalidRequest, LifecycleError, NotFound
-from registry.models import SLUG, Alias, ModelVersion, RegisteredModel, VersionStatus
+from registry.models import SLUG, Alias, AuditEvent, ModelVersion, RegisteredModel, VersionStatus
 from registry.services.gate import PRODUCTION_ALIAS, admit
 
 
@@ -20,6 +21,18 @@ def lock_model(name: str, *, allow_archived: bool = False) -> RegisteredModel:
     if model.archived and not allow_archived:
         raise LifecycleError(f"model {name!r} is archived; unarchive it first")
     return model
+
+
+def next_version_number(model: RegisteredModel) -> int:
+    """The number the model's next version gets: one past the highest it ever had, deleted ones
+    too (the audit log keeps their numbers), so a number never names two artifacts."""
+    highest = model.versions.aggregate(n=Max("number"))["n"] or 0
+    for before in AuditEvent.objects.filter(
+            model_name=model.name, action__in=("version.delete", "model.delete")
+    ).values_list("before", flat=True):
+        removed = (before or {}).get("versions") or [before or {}]
+        highest = max([highest, *(v.get("number") or 0 for v in removed)])
+    return highest + 1
 
 
 def _snapshot(model: RegisteredModel) -> dict:

@@ -14,6 +14,7 @@ from registry.errors import InvalidRequest, LifecycleError, NotFound
 from registry.jobs.housekeeping import enqueue_job
 from registry.models import Endpoint, Job, JobKind, JobStatus, ModelVersion, ReplicaHeartbeat
 from registry.notify import bump_revision
+from serving.replica_address import replica_url
 from serving.routes import SCALED_TO_ZERO
 
 ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
@@ -32,7 +33,7 @@ def live_traffic_roles(version: ModelVersion) -> list[str]:
 
 
 def _has_url(replica: ReplicaHeartbeat) -> bool:
-    return replica.address.startswith(("http://", "https://"))
+    return bool(replica_url(replica.address))
 
 
 def _runs(replica: ReplicaHeartbeat, version: ModelVersion) -> bool:
@@ -43,7 +44,8 @@ def _runs(replica: ReplicaHeartbeat, version: ModelVersion) -> bool:
 def target_replica(version: ModelVersion, name: str = "") -> tuple[ReplicaHeartbeat, bool]:
     """The live replica to load, and whether it must load the version first: the one named,
     else the first (embedded first) that runs the version and advertises a URL
-    (MMC_REPLICA_ADDRESS), else the first with a URL (it loads the version for the test)."""
+    (MMC_REPLICA_ADDRESS: a URL, or a bare host:port or IP read as http://), else the first
+    with a URL (it loads the version for the test)."""
     live = selectors.replicas()
     if name:
         replica = next((r for r in live if r.replica == name), None)
@@ -63,9 +65,11 @@ def target_replica(version: ModelVersion, name: str = "") -> tuple[ReplicaHeartb
         if _has_url(replica):
             return replica, True
     replica = candidates[0]
-    raise LifecycleError(f"replica {replica.replica!r} advertises no URL (address "
-                         f"{replica.address!r}): start it with MMC_REPLICA_ADDRESS=http://host:port",
-                         field="replica")
+    raise LifecycleError(
+        f"replica {replica.replica!r} advertises no URL (address {replica.address!r}): "
+        f"`manage.py start` and `mmc-serve` advertise where they listen; a server started "
+        f"otherwise needs MMC_REPLICA_ADDRESS=http://host:port (a bare host:port or IP is "
+        f"read as http://)", field="replica")
 
 
 def versions_under_test() -> dict[int, set[int]]:
@@ -116,8 +120,8 @@ def loadtest_create(*, model_name: str, number: int, actor: Actor, concurrency: 
                              field="key")
     target, load_first = target_replica(version, replica)
     params = {"requests": requests, "seconds": seconds, "concurrency": concurrency,
-              "replica": target.replica, "url": target.address, "confirmed": bool(roles),
-              "key_required": bool(key), "load_first": load_first}
+              "replica": target.replica, "url": replica_url(target.address),
+              "confirmed": bool(roles), "key_required": bool(key), "load_first": load_first}
     with transaction.atomic():
         if load_first:  # replicas load it (pinned only) while the test is queued or running
             bump_revision()

@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 
 from django.db import transaction
-from django.db.models import Max
 
 from registry.audit import Actor, record
 from registry.errors import InvalidRequest, LifecycleError
 from registry.evaluation import clean_lineage, clean_metrics
 from registry.models import Alias, ModelVersion, RegisteredModel, VersionStatus
-from registry.services.catalog import lock_model
+from registry.services.catalog import lock_model, next_version_number
 from registry.services.gate import admit
 from registry.store.artifacts import default_store
 from registry.store.gc import lock_blob
@@ -157,7 +156,7 @@ def pipeline_create(*, model_name: str, spec: object, actor: Actor,
         existing = model.versions.filter(sha256=blob.sha256).first()
         if existing is not None:
             return existing, False
-        number = (model.versions.aggregate(n=Max("number"))["n"] or 0) + 1
+        number = next_version_number(model)
         steps = ", ".join(f"{s['name']}={s['model']}:{s['version']}" for s in stored["steps"])
         version = ModelVersion.objects.create(
             model=model, number=number, sha256=blob.sha256, size_bytes=blob.size,

@@ -13,6 +13,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from registry import selectors
@@ -22,10 +23,20 @@ from registry.convergence import wait_for_revision
 from registry.errors import Forbidden, InvalidRequest, LifecycleError
 from registry.models import Endpoint, ModelVersion, RegisteredModel, VersionStatus
 from registry.roles import has_role
-from registry.routing import Analysis, AnalysisPlan, BlueGreen, PendingRollback
-from registry.services.deployments import keep_warm, transition, version_of
+from registry.routing import ANALYSING, Analysis, AnalysisPlan, BlueGreen, PendingRollback
+from registry.services.catalog import lock_model
+from registry.services.deployments import (
+    commit_change,
+    endpoint_for_update,
+    endpoint_snapshot,
+    endpoint_state,
+    keep_warm,
+    transition,
+    version_of,
+)
 from registry.services.replicas import replicas_forget
 from registry.signatures import signature_differences
+from registry.ticks import require_ticking
 from serving.routes import SCALED_TO_ZERO
 
 UNLOAD_WAIT_SECONDS = 30.0
@@ -77,6 +88,7 @@ def canary_start(*, model_name: str, version_number: int, weight: int = 0, actor
             details["override"] = differences
         ep.candidate, ep.candidate_weight = version, weight
         if plan is not None:
+            require_ticking()
             now = timezone.now()
             analysis = Analysis(plan=plan, step=0, started_at=now, step_started_at=now)
             ep.candidate_weight = analysis.weight
@@ -144,6 +156,7 @@ def analysis_resume(*, model_name: str, actor: Actor, reason: str = "") -> Endpo
         if not analysis:
             raise LifecycleError(f"the canary on {model_name!r} has no analysis plan to resume; "
                                  f"start the canary with a plan")
+        require_ticking()
         ep.candidate_weight = analysis.weight
         ep.rollout = ep.rollout.with_(analysis=replace(
             analysis, paused=False, step_started_at=timezone.now()))
@@ -181,6 +194,24 @@ def analysis_hold(*, model_name: str, why: str, actor: Actor,
 
     return transition("hold", model_name=model_name, actor=actor, change=change, reason=why,
                       action="endpoint.analysis.hold")
+
+
+def analysis_stale(*, model_name: str, why: str, actor: Actor) -> Endpoint | None:
+    """Nothing has judged the candidate for too long (analysis_watch): its weight drops to 0
+    and the analysis pauses, at its step, until someone resumes it once the tick runs again.
+    None when the endpoint is no longer analysing (another process dropped it first): no
+    refusal is audited for that."""
+    with transaction.atomic():
+        model = lock_model(model_name, allow_archived=True)
+        ep = endpoint_for_update(model)
+        if endpoint_state(ep) != ANALYSING:
+            return None
+        before, routed = endpoint_snapshot(ep), ep.routing
+        ep.candidate_weight = 0
+        ep.rollout = ep.rollout.with_(analysis=replace(ep.rollout.analysis, paused=True))
+        return commit_change(ep, routed=routed, actor=actor, action="endpoint.analysis.stale",
+                             before=before, reason=f"{why}: the candidate takes no traffic "
+                             "until the analysis is resumed")
 
 
 # ---------------------------------------------------------------------------------- rollback

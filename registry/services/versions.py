@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from django.db import transaction
-from django.db.models import Max
 from django.utils import timezone
 
 from registry.audit import Actor, record
@@ -10,7 +9,7 @@ from registry.errors import InvalidRequest, LifecycleError, NotFound
 from registry.evaluation import clean_lineage, clean_metrics, merge_patch
 from registry.models import ModelVersion, VersionStatus
 from registry.notify import bump_revision
-from registry.services.catalog import lock_model
+from registry.services.catalog import lock_model, next_version_number
 from registry.store.artifacts import StoredBlob, default_store
 from registry.store.gc import lock_blob
 from registry.validation import queue_validation
@@ -50,7 +49,7 @@ def version_upload(*, model_name: str, blob: StoredBlob, actor: Actor, filename:
         existing = model.versions.filter(sha256=blob.sha256).first()
         if existing is not None:
             return existing, False
-        number = (model.versions.aggregate(n=Max("number"))["n"] or 0) + 1
+        number = next_version_number(model)
         version = ModelVersion.objects.create(
             model=model, number=number, sha256=blob.sha256, size_bytes=blob.size,
             original_filename=(filename or "")[:255], metadata=metadata or {},

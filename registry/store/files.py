@@ -42,7 +42,8 @@ class FileWriter(HashingWriter):
     `move_to` puts it where it will live."""
 
     def __init__(self, *, limit: int, what: str):
-        super().__init__(tmp_dir=jobs_root() / "tmp", limit=limit, what=what)
+        super().__init__(tmp_dir=jobs_root() / "tmp", limit=limit, what=what,
+                         where="the job files' store (ARTIFACT_ROOT/jobs)")
 
 
 def atomic_write(dest: Path, write, *, durable: bool = True) -> None:

@@ -1,6 +1,6 @@
 """The approval gate in a real browser: an engineer turns on "promotion needs approval" on the
-model page; their deploy of their own pending version is refused with the rule's message and the
-version page offers them no approve button; a second engineer approves it there with a comment,
+model page; their own pending version is offered no deploy button (it says to approve it) and
+the version page offers them no approve button; a second engineer approves it there with a comment,
 the decision shows in its history, and the first engineer's deploy then works."""
 
 from __future__ import annotations
@@ -54,13 +54,13 @@ def test_a_pending_version_is_blocked_until_a_second_engineer_approves_it(
     assert "Promotion now needs an approved version." in page.inner_text(".messages")
     assert page.get_attribute("#version-1 .approval", "data-approval") == "pending"
 
-    message = deploy_from_model_page(page, 1)
-    assert ("version 1 of 'fraud' is pending approval: it cannot become stable — model "
-            "'fraud' requires approval before promotion; approve it first") in message
+    row = page.locator("#version-1")
+    assert row.get_by_role("button", name="Deploy as stable").count() == 0  # the gate's rule
+    assert "approve to deploy" in row.inner_text()
     assert Endpoint.objects.filter(model__name=M, stable__isnull=False).count() == 0
     shot(page, "approval-01-model-deploy-blocked")
 
-    page.locator("#version-1").get_by_role("link", name="v1").click()
+    row.get_by_role("link", name="v1", exact=True).click()
     page.wait_for_url(f"{base}/models/{M}/versions/1/")
     assert "You uploaded version 1; another engineer or admin must approve or reject it" in (
         page.inner_text("#approval"))

@@ -58,6 +58,7 @@ def test_the_canary_form_offers_the_analysis_plan_defaults_and_the_ready_version
             in html)
 
 
+@pytest.mark.usefixtures("analysis_ticking")
 def test_posting_the_plan_fields_as_drawn_starts_the_default_plan(page_client, stable_v3):
     plan = AnalysisPlan()
     page_client("engineer").post(f"{PAGE}canary/", {

@@ -142,6 +142,7 @@ def test_abort_sends_all_traffic_back_to_stable(page_client, deployed):
     assert endpoint().candidate is None and endpoint().stable.number == 1
 
 
+@pytest.mark.usefixtures("analysis_ticking")
 def test_automated_canary_shows_its_plan_and_can_be_paused(page_client, deployed):
     client = page_client("engineer")
     r = client.post(f"{PAGE}canary/", {"version": 3, "weight": 0, "automated": "on",
@@ -162,6 +163,7 @@ def test_automated_canary_shows_its_plan_and_can_be_paused(page_client, deployed
     assert 'data-state="analysing"' in r.content.decode()
 
 
+@pytest.mark.usefixtures("analysis_ticking")
 def test_analysis_decisions_are_listed_with_their_figures(page_client, deployed):
     services.canary_start(model_name="fraud", version_number=3, actor=Actor.system("test"),
                           plan={"steps": [10, 100], "bake_seconds": 0, "min_requests": 10})

@@ -27,8 +27,10 @@ elif reason := faults.missing():
 
 LEASE, TICK = 4, 1  # validation lease and recovery tick of this cluster (s)
 #: The longest any request may take while a dependency hangs (broker and probe timeouts are
-#: 3 s and 1 s; a wedged request hangs forever, so the margin says nothing about speed).
+#: 2 s and 1 s; a wedged request hangs forever, so the margin says nothing about speed).
 BOUND = 15.0
+#: MMC_BROKER_TIMEOUT_SECONDS as the cluster's console runs with it (the default).
+BROKER_TIMEOUT = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +124,30 @@ def test_hung_redis_never_wedges_the_console_and_it_recovers_by_itself(healthy):
                what=f"console threads back to {threads} (now {c.console.threads()})")
     wait_until(lambda: c.pg.connections() <= connections + 4, 30,
                what=f"database connections back to {connections} (now {c.pg.connections()})")
+
+
+def test_an_upload_while_redis_hangs_costs_one_broker_timeout_and_is_validated_after(
+        healthy):
+    c = healthy
+    assert upload(c, "before-hang", samples.mlp(seed=5)).status_code == 201  # a warm connection
+    c.post("/api/v1/models/", json={"name": "hung-once"})
+    c.redis.pause()
+    try:
+        t0 = time.monotonic()
+        r = c.put("/api/v1/models/hung-once/versions/upload/", content=samples.mlp(seed=6),
+                  timeout=60)
+        took = time.monotonic() - t0
+        t0 = time.monotonic()
+        again = c.put("/api/v1/models/hung-once/versions/upload/", content=samples.mlp(seed=7),
+                      timeout=60)  # the next one finds no better connection: one timeout too
+        took_again = time.monotonic() - t0
+    finally:
+        c.redis.resume()
+    assert r.status_code == 201 and "could not be queued" in r.json()["detail"], r.text
+    assert again.status_code == 201, again.text
+    assert BROKER_TIMEOUT - 0.5 < took < BROKER_TIMEOUT + 1.5, took  # one send, not retried
+    assert took_again < BROKER_TIMEOUT + 1.5, took_again
+    wait_status(c, "hung-once", "ready", LEASE + TICK + 30)  # the recovery tick queued it
 
 
 def test_upload_while_redis_is_down_is_validated_once_it_is_back(healthy):

@@ -7,6 +7,7 @@ import secrets
 import time
 from types import SimpleNamespace
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management import call_command
@@ -20,6 +21,7 @@ from registry.store.artifacts import default_store
 from registry.tasks import recover_validations
 from registry.validation import validate_version
 from serving.cli import add_grpc_arguments, use_grpc_arguments
+from serving.replica_address import advertised_url
 
 VALIDATING = (VersionStatus.UPLOADED, VersionStatus.VALIDATING)
 
@@ -44,6 +46,11 @@ class Command(BaseCommand):
         if no_serve:
             return
         use_grpc_arguments(SimpleNamespace(host=host, **options))  # before the app is built
+        # The embedded replica advertises this server's URL: load tests (a job of this process
+        # when embedded) reach it there. On every interface, loopback is this process.
+        os.environ["MMC_REPLICA_ADDRESS"] = advertised_url(
+            os.environ.get("MMC_REPLICA_ADDRESS", ""), host=host, port=port,
+            wildcard_host="" if settings.CLUSTERED else "127.0.0.1")
         from console import asgi
         from serving.cli import serve
 
