@@ -26,6 +26,8 @@ from pathlib import Path
 from hpack import Decoder
 from hpack.exceptions import HPACKError
 
+from serving.http2 import frame, header_field
+
 HOST = "127.0.0.1"
 MIB = 1 << 20
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -50,28 +52,10 @@ INFER_PATH = b"/inference.GRPCInferenceService/ModelInfer"
 MAX_FRAME = 16_384  # every server's default SETTINGS_MAX_FRAME_SIZE: what a client may send
 
 
-def frame(ftype: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    return struct.pack(">I", len(payload))[1:] + bytes((ftype, flags)) + struct.pack(
-        ">I", stream_id) + payload
-
-
-def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
-    """HPACK's prefixed integer (RFC 7541 §5.1)."""
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def literal(name: bytes, value: bytes) -> bytes:
-    """One header field, literal without indexing: no HPACK state on either side to track."""
-    return b"\x00" + _integer(len(name), 7) + name + _integer(len(value), 7) + value
+    """One header field, literal without indexing: no HPACK state on either side to track (the
+    wire encoding is serving.http2's: an attacker speaks the same HPACK)."""
+    return header_field(name, value)
 
 
 def header_block(fields: list[tuple[bytes, bytes]]) -> bytes:

@@ -14,9 +14,6 @@ from datetime import timedelta
 import onnx
 import pytest
 from django.contrib.auth.models import Group, User
-from django.core import signals
-from django.core.handlers.wsgi import WSGIHandler
-from django.db import close_old_connections
 from rest_framework.test import APIClient
 
 from registry import samples, services
@@ -35,6 +32,7 @@ from registry.services.pipelines import pipeline_create
 from registry.signatures import extract_signature
 from registry.store.artifacts import default_store
 from registry.store.gc import collect_garbage
+from tests.cli_inprocess import inprocess_cli
 
 cli = importlib.import_module("registry.cli.main")  # the package re-exports main()
 M = "fraud"
@@ -275,28 +273,9 @@ def test_a_model_whose_version_is_another_model_s_pipeline_step_is_a_409(team):
 @pytest.fixture
 def mmc(team, monkeypatch, capsys):
     """mmc(*args) -> (exit code, stderr): the real CLI, its HTTP client on this Django app."""
-    import httpx
-
     token = services.token_create(username="engineer", name="cli", actor=A)[1]
-
-    class InProcess(cli.Client):
-        def __init__(self, url, token, timeout=60.0):
-            super().__init__(url, token, timeout)
-            self.http = httpx.Client(transport=httpx.WSGITransport(app=WSGIHandler()),
-                                     base_url="http://testserver/api/v1/",
-                                     headers=self.http.headers)
-
-    monkeypatch.setattr(cli, "Client", InProcess)
-    for signal in (signals.request_started, signals.request_finished):  # as django.test.Client:
-        signal.disconnect(close_old_connections)  # keep the test's transaction open
-
-    def run(*args: str) -> tuple[int, str]:
-        code = cli.main(["--url", "http://testserver", "--token", token, *args])
-        return code, capsys.readouterr().err
-
-    yield run
-    for signal in (signals.request_started, signals.request_finished):
-        signal.connect(close_old_connections)
+    with inprocess_cli(token, monkeypatch, capsys) as run:
+        yield run
 
 
 def test_the_cli_deletes_a_version_and_a_model_and_prints_a_refusal(mmc):

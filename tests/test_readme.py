@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO
-from tests.replicas import free_port
+from tests.embedded import embedded_start
 
 README = REPO / "README.md"
 MARKER = "<!-- runnable -->"
@@ -101,32 +101,8 @@ def console(tmp_path):
             pytest.skip(f"the README's lines need {tool}")
     """`manage.py start` on a free port with a data folder of its own (embedded: no
     DATABASE_URL, no REDIS_URL, the real settings); yields (url, admin password)."""
-    port = free_port()
-    log = tmp_path / "start.log"
-    env = {**_base_env(tmp_path / "server-home"), "MMC_DATA_DIR": str(tmp_path / "data"),
-           "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "manage.py", "start", "--port", str(port)],
-                            cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"manage.py start did not come up:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        password = re.search(r"Created user 'admin' with password (\S+)", log.read_text())[1]
-        yield url, password
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with embedded_start(tmp_path, _base_env(tmp_path / "server-home")) as server:
+        yield server.url, server.password
 
 
 def test_the_readme_runs_as_written(console, tmp_path):

@@ -8,10 +8,7 @@ http://."""
 from __future__ import annotations
 
 import os
-import re
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from unittest import mock
@@ -23,7 +20,7 @@ import yaml
 import serving.cli
 from serving.replica_address import advertised_url, replica_url
 from tests import kube
-from tests.replicas import free_port
+from tests.embedded import embedded_start
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -128,33 +125,9 @@ def test_a_load_test_reads_a_bare_address_as_http(settings):
 def started(tmp_path):
     """`manage.py start` on a free port, as README says to run it (embedded, its own data
     folder, no MMC_REPLICA_ADDRESS); yields (url, admin password)."""
-    port = free_port()
-    log = tmp_path / "start.log"
     keep = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "HOME")
-    env = {**{k: os.environ[k] for k in keep if k in os.environ},
-           "MMC_DATA_DIR": str(tmp_path / "data"), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "manage.py", "start", "--port", str(port)],
-                            cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"manage.py start did not come up:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        password = re.search(r"Created user 'admin' with password (\S+)", log.read_text())[1]
-        yield url, password
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with embedded_start(tmp_path, {k: os.environ[k] for k in keep if k in os.environ}) as server:
+        yield server.url, server.password
 
 
 def test_a_load_test_runs_on_a_default_manage_py_start(started):

@@ -16,13 +16,9 @@ import html
 import importlib
 import re
 
-import httpx
 import onnx
 import pytest
 from django.contrib.auth.models import Group, User
-from django.core import signals
-from django.core.handlers.wsgi import WSGIHandler
-from django.db import close_old_connections
 from rest_framework.test import APIClient
 
 from registry import samples, services
@@ -31,6 +27,7 @@ from registry.errors import LifecycleError
 from registry.models import Alias, AuditEvent, Endpoint, ModelVersion, VersionStatus
 from registry.services.pipelines import pipeline_create
 from registry.signatures import extract_signature
+from tests.cli_inprocess import inprocess_cli
 
 cli = importlib.import_module("registry.cli.main")  # the package re-exports main()
 M, PIPE = "fraud", "pipe"
@@ -196,25 +193,8 @@ def test_a_refusal_lists_the_versions_that_may_take_the_role_and_is_audited(team
 def mmc(team, monkeypatch, capsys):
     """mmc(*args) -> (exit code, stderr): the real CLI, its HTTP client on this Django app."""
     token = services.token_create(username="alice", name="cli", actor=team["alice"])[1]
-
-    class InProcess(cli.Client):
-        def __init__(self, url, token, timeout=60.0):
-            super().__init__(url, token, timeout)
-            self.http = httpx.Client(transport=httpx.WSGITransport(app=WSGIHandler()),
-                                     base_url="http://testserver/api/v1/",
-                                     headers=self.http.headers)
-
-    monkeypatch.setattr(cli, "Client", InProcess)
-    for signal in (signals.request_started, signals.request_finished):  # as django.test.Client:
-        signal.disconnect(close_old_connections)  # keep the test's transaction open
-
-    def run(*args: str) -> tuple[int, str]:
-        code = cli.main(["--url", "http://testserver", "--token", token, *args])
-        return code, capsys.readouterr().err
-
-    yield run
-    for signal in (signals.request_started, signals.request_finished):
-        signal.connect(close_old_connections)
+    with inprocess_cli(token, monkeypatch, capsys) as run:
+        yield run
 
 
 CLI = {"weight": (["weight", M, "100"], "take 100 % of traffic as the canary candidate"),
