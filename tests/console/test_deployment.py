@@ -346,7 +346,10 @@ def test_replica_table_shows_convergence_per_replica(page_client, deployed):
     assert "warm-up failed: bad input" in row["r2"] and "failed" in row["r2"]
     assert "behind" in row["r3"] and "cannot reach the route source" in row["r3"]
     assert "loading" in row["r3"]
-    assert 'class="lost"' in row["r4"] and ">lost</span>" in row["r4"] and "60." in row["r4"]
+    assert 'class="lost"' in row["r4"] and ">lost</span>" in row["r4"]
+    # its age as the page was drawn: 60 s and however long the drawing took on a busy machine
+    age = float(re.search(r"([0-9.]+) s ago", row["r4"])[1])
+    assert 60.0 <= age < 90.0, row["r4"]
     assert f"The endpoint changed (revision {endpoint().revision}" in html  # rev=0 is old
 
 
