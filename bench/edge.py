@@ -9,8 +9,8 @@ What it does:
 - builds the sample MLP and a Tile model (a 256-byte input asks for a 1 MiB answer) with the
   repo's `registry.samples` / `onnx.helper`, and starts, one at a time, on free loopback ports:
   `ours-grpcio`: `.venv/bin/mmc-serve --model-repository DIR --grpc-port P` with its default
-  limits (serving.limits.EdgeLimits) and its default gRPC transport (grpcio's asyncio server);
-  `ours-fast`: the same with MMC_GRPC_TRANSPORT=fast (our own HTTP/2 transport);
+  limits (serving.limits.EdgeLimits) and MMC_GRPC_TRANSPORT=grpcio (grpcio's asyncio server);
+  `ours-fast`: the same with MMC_GRPC_TRANSPORT=fast (our own HTTP/2 transport, the default);
   `grpcio-ref`: grpcio's asyncio server with a trivial generic unary servicer (an empty
   ModelInferResponse; 1 MiB of output for model `tile`), max_receive_message_length 64 MiB and
   grpcio's default options otherwise. Ours run one worker (MMC_SERVE_WORKERS=1), HTTP and gRPC
@@ -252,8 +252,9 @@ def render(args, results: dict, names: dict) -> str:
         f"- date: {dt.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}",
         f"- machine: {os.cpu_count()} CPUs, Linux {platform.release()}, Python "
         f"{platform.python_version()}, grpcio {_version('grpcio')}; nothing pinned",
-        "- servers: `ours-grpcio` = mmc-serve, default limits, default gRPC transport (grpcio "
-        "asyncio server); `ours-fast` = the same with MMC_GRPC_TRANSPORT=fast; `grpcio-ref` = "
+        "- servers: `ours-grpcio` = mmc-serve, default limits, MMC_GRPC_TRANSPORT=grpcio (grpcio "
+        "asyncio server); `ours-fast` = the same with MMC_GRPC_TRANSPORT=fast (the default); "
+        "`grpcio-ref` = "
         "grpcio's asyncio server, trivial generic servicer, max_receive_message_length 64 MiB, "
         "default options. Ours with one worker (HTTP and gRPC in one loop).",
         "- healthy clients, during each attack (≥ 2 s): tritonclient.grpc ModelInfer on the MLP "

@@ -79,8 +79,8 @@ class ServingSettings:
     # the gRPC front (serving.grpc_front) beside HTTP, in the same loop; None: off
     grpc_port: int | None = None
     grpc_host: str = "127.0.0.1"
-    # its transport: grpcio's server (default) or our own HTTP/2 one (serving.grpc_front)
-    grpc_transport: str = "grpcio"
+    # its transport: our own HTTP/2 one (default) or grpcio's server (serving.grpc_front)
+    grpc_transport: str = "fast"
     # Scale to zero: how long a request waits for its scaled-to-zero model to load before a
     # 503 with Retry-After (MMC_COLD_START_WAIT_SECONDS)
     cold_start_wait_seconds: float = 30.0

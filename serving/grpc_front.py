@@ -2,18 +2,13 @@
 tritonclient.grpc calls) over the same DataPlane as the HTTP front, in the HTTP server's event
 loop; plus gRPC health checking and server reflection, grpcio's own servicers.
 
-Two transports carry it (MMC_GRPC_TRANSPORT): `grpcio` (the default) is grpcio's own asyncio
-server, configured from the listeners' one set of limits (serving.limits.EdgeLimits): message
-size, connections, handshake and idle timeouts, concurrent streams, keepalive policy, metadata
-size. `fast` is our own HTTP/2 connection (serving.grpc_server over serving.http2): about twice
-grpcio's calls per second on one core, but bounded less well against hostile clients (measured
-side by side by bench/edge.py; docs/grpc.md has the figures), so it is opt-in, for a port that only
-trusted clients reach.
-
-Like serving.app for HTTP, it only adapts: metadata carries what HTTP headers carry (predict key
-as `authorization: Bearer <key>` or `x-api-key`, `x-routing-key`, and `x-model-version` to pin
-when the request's `model_version` is empty), the answering version comes back as `x-model-version`
-trailing metadata, and the data plane's typed errors become gRPC status codes in one table.
+Two transports carry it (MMC_GRPC_TRANSPORT), both bounded by the listeners' one set of limits
+(serving.limits.EdgeLimits) and by the answer budget below: `fast` (the default) is our own
+HTTP/2 connection (serving.grpc_server over serving.http2), answered in the event loop with one
+write; `grpcio` is grpcio's asyncio server configured from the same figures, whose calls cross
+three threads (about a seventh of `fast`'s MLP calls per second on one core here). Both meet
+the same attacks at least as well as a plain grpcio server (tests/serving/test_edge_attacks.py,
+bench/edge.py; docs/edge.md has the figures).
 """
 
 from __future__ import annotations
@@ -79,11 +74,12 @@ class AnswerBudgetExhausted(ServingError):
 class AnswerBudget:
     """Bytes of gRPC answers handed to the transport and not yet sent, whole process.
 
-    A unary answer is queued whole whether or not the client reads it: grpcio keeps it until the
-    client's flow-control window lets it out, so clients that grant a window of 0 and keep
-    asking would otherwise make the server compute and hold every answer. An answer holds its
-    size here from when it is made until its call is done (grpcio's done callback: the answer
-    went out, or the call ended); one that does not fit is refused RESOURCE_EXHAUSTED."""
+    A unary answer is queued whole whether or not the client reads it: the transport keeps it
+    until the client's flow-control window lets it out, so clients that grant a window of 0
+    and keep asking would otherwise make the server compute and hold every answer. An answer
+    holds its size here from when it is made until its call is done (the context's done
+    callback: the answer went out, or the call ended); one that does not fit is refused
+    RESOURCE_EXHAUSTED, and while the budget is full a call is refused before its inference."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -105,9 +101,7 @@ class AnswerBudget:
         answer alone always fits)."""
         if not self.limit:
             return True
-        add_done = getattr(context, "add_done_callback", None)
-        if add_done is None:  # the fast transport: its writes wait for the window themselves
-            return True
+        add_done = context.add_done_callback
         if self.held and self.held + size > self.limit:
             return False
         self.held += size
@@ -380,7 +374,7 @@ for _name in ("TraceSetting", "LogSettings"):
 
 
 #: MMC_GRPC_TRANSPORT's values (see the module's docstring)
-TRANSPORTS = ("grpcio", "fast")
+TRANSPORTS = ("fast", "grpcio")
 
 
 def grpcio_options(limits: EdgeLimits, *, max_message_bytes: int, max_connections: int,
@@ -438,7 +432,7 @@ class GrpcFront:
 
     def __init__(self, dataplane: DataPlane, *, host: str, port: int,
                  max_message_bytes: int, reuse_port: bool = False,
-                 limits: EdgeLimits | None = None, transport: str = "grpcio") -> None:
+                 limits: EdgeLimits | None = None, transport: str = "fast") -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"MMC_GRPC_TRANSPORT={transport!r}: one of {', '.join(TRANSPORTS)}")
         self.dataplane = dataplane

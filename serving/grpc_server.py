@@ -198,6 +198,18 @@ class Call:
     def invocation_metadata(self) -> tuple:
         return self.metadata
 
+    def add_done_callback(self, callback) -> None:
+        """`callback(self)` once the call's stream has ended: its answer sent in full, or the
+        stream reset or its connection gone (grpc.aio's; serving.grpc_front's answer budget)."""
+        stream = self.stream
+        if stream.local_closed and stream.remote_closed and stream.on_done is None \
+                and stream.id not in stream.conn.streams:
+            callback(self)
+            return
+        if stream.on_done is None:
+            stream.on_done = []
+        stream.on_done.append(lambda: callback(self))
+
     def set_trailing_metadata(self, metadata) -> None:
         self.trailing = tuple(metadata)
 

@@ -126,7 +126,7 @@ class Stream:
     peer may send on it (`recv_window`, opened by the handler as its call takes the data)."""
 
     __slots__ = ("conn", "id", "send_window", "recv_window", "remote_closed", "local_closed",
-                 "headers_sent", "_pending", "_pending_end", "_waiter", "call")
+                 "headers_sent", "_pending", "_pending_end", "_waiter", "call", "on_done")
 
     def __init__(self, conn: Http2Connection, stream_id: int, send_window: int) -> None:
         self.conn = conn
@@ -138,6 +138,7 @@ class Stream:
         self._pending_end: bytes | None = None  # the trailing HEADERS frame to follow it
         self._waiter: asyncio.Future | None = None
         self.call = None  # the handler's object for this stream
+        self.on_done: list | None = None  # called once when the stream ends (_forget)
 
     def open_window(self, want: int) -> None:
         """Let the peer send `want` more bytes: what the call can take now. Granted only once
@@ -223,6 +224,9 @@ class Stream:
         self.conn.forget(self)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+        done, self.on_done = self.on_done, None
+        for callback in done or ():  # its answer went out, or the stream ended without it
+            callback()
 
 
 class Http2Connection(asyncio.Protocol):
@@ -368,7 +372,11 @@ class Http2Connection(asyncio.Protocol):
         if self._write_paused or not transport.can_write_eof():  # a peer that does not read
             transport.abort()  # would keep it open
             return
-        transport.write_eof()  # the GOAWAY, then our end; what the peer still sends is dropped
+        try:
+            transport.write_eof()  # the GOAWAY, then our end; what the peer still sends is dropped
+        except OSError:  # the peer is already gone (ENOTCONN): nothing left to tell it
+            transport.abort()
+            return
         if self._reading_paused:
             self._reading_paused = False
             transport.resume_reading()

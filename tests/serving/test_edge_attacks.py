@@ -50,9 +50,6 @@ SETTLE_S = 10.0
 #: Where the fast transport does not meet a spec yet (measured, not guessed: run with
 #: MMC_GRPC_TRANSPORT=fast after the transport's own hardening)
 FAST_NOT_YET: dict[str, str] = {
-    "window_zero": "the fast transport bounds answers held for a client that does not read per "
-                   "connection (64 MiB each), not per process as the grpcio front's answer "
-                   "budget does: 4 such clients hold up to 256 MiB",
 }
 
 
