@@ -178,7 +178,7 @@ def _admit_large_body(scope, declared: int | None) -> None:
             f"a request body {size} needs an API token (Authorization: Bearer …) or a "
             f"signed-in session; none was presented, and none of the body was read")
     if declared:
-        ensure_room(declared)  # Django spools it under ARTIFACT_ROOT, whatever the store
+        ensure_room(declared)  # the artifact disk's floor, whatever the store
 
 
 def _admit_upload(scope, declared: int | None):

@@ -202,8 +202,7 @@ class Call:
         """`callback(self)` once the call's stream has ended: its answer sent in full, or the
         stream reset or its connection gone (grpc.aio's; serving.grpc_front's answer budget)."""
         stream = self.stream
-        if stream.local_closed and stream.remote_closed and stream.on_done is None \
-                and stream.id not in stream.conn.streams:
+        if stream.conn.streams.get(stream.id) is not stream:  # ended already (_forget)
             callback(self)
             return
         if stream.on_done is None:

@@ -13,6 +13,7 @@ import asyncio
 import ctypes
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from serving.errors import BodyBudgetExhausted, InvalidInput, PayloadTooLarge, RequestTimeout
@@ -150,7 +151,6 @@ class BodyReader:
         self._sweep_loop: asyncio.AbstractEventLoop | None = None  # where the sweep runs
         self._tick = min(1.0, max(0.02, limits.body_idle_timeout_s / 4))
         self._high_water = 0  # most bytes held at once since the last trim
-        self._trim_pending = False
 
     async def read(self, receive, declared: int, limit: int) -> bytes:
         """The whole request body.
@@ -209,10 +209,8 @@ class BodyReader:
             parts = None  # a failed body is freed now, not when its traceback goes
             if held:
                 self.buffered -= held
-                if (not self.buffered and self._high_water >= TRIM_AFTER_BYTES
-                        and not self._trim_pending):
-                    self._trim_pending = True
-                    task.get_loop().call_later(TRIM_DELAY_S, self._trim)
+                if not self.buffered and self._high_water >= TRIM_AFTER_BYTES:
+                    trim_heap_soon(ready=self._trim_ready)
 
     def _reserve(self, n: int, total: int) -> int:
         if self.buffered + n > self.budget:
@@ -224,16 +222,13 @@ class BodyReader:
             self._high_water = self.buffered
         return n
 
-    def _trim(self) -> None:
-        """Return freed heap pages to the OS (glibc's malloc_trim; elsewhere nothing), once the
-        bodies are gone: a second after the last large one was read, if no other is buffering."""
-        self._trim_pending = False
+    def _trim_ready(self) -> bool:
+        """The heap is trimmed once the bodies are gone: a second after the last large one was
+        read, if no other is buffering by then (else the next release schedules it again)."""
         if self.buffered:
-            return  # the next release schedules it again
+            return False
         self._high_water = 0
-        trim = _malloc_trim()
-        if trim is not None:
-            trim(0)
+        return True
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         """Cancel the reads that went idle or fell under the minimum rate (they answer 408)."""
@@ -261,8 +256,9 @@ class BodyReader:
         loop.call_later(self._tick, self._sweep, loop)
 
 
-def trim_heap_soon(delay: float = TRIM_DELAY_S) -> None:
-    """Give freed heap pages back to the OS `delay` seconds from now (at most one pending)."""
+def trim_heap_soon(delay: float = TRIM_DELAY_S, ready: Callable[[], bool] | None = None) -> None:
+    """Give freed heap pages back to the OS (glibc's malloc_trim; elsewhere nothing) `delay`
+    seconds from now, unless `ready()` then says not yet; at most one is pending per process."""
     global _trim_pending
     if _trim_pending:
         return
@@ -275,6 +271,8 @@ def trim_heap_soon(delay: float = TRIM_DELAY_S) -> None:
     def trim() -> None:
         global _trim_pending
         _trim_pending = False
+        if ready is not None and not ready():
+            return
         malloc_trim = _malloc_trim()
         if malloc_trim is not None:
             malloc_trim(0)
