@@ -109,7 +109,7 @@ def validate_version(version_id: int) -> str:
     recovery tick sees the lease lapse and queues the version again (attempts counted)."""
     now = timezone.now()
     with transaction.atomic():
-        version = ModelVersion.objects.select_for_update().select_related("model").get(
+        version = ModelVersion.objects.select_for_update(of=("self",)).select_related("model").get(
             pk=version_id)
         if version.status in (VersionStatus.READY, VersionStatus.FAILED):
             return version.status

@@ -130,7 +130,7 @@ def test_hung_redis_never_wedges_the_console_and_it_recovers_by_itself(healthy):
                what=f"database connections back to {connections} (now {c.pg.connections()})")
 
 
-def test_an_upload_while_redis_hangs_costs_one_broker_timeout_the_next_two_and_is_validated_after(
+def test_an_upload_while_redis_hangs_costs_at_most_two_broker_timeouts_and_is_validated_after(
         healthy):
     c = healthy
     assert upload(c, "before-hang", samples.mlp(seed=5)).status_code == 201  # a warm connection
@@ -149,9 +149,10 @@ def test_an_upload_while_redis_hangs_costs_one_broker_timeout_the_next_two_and_i
         c.redis.resume()
     assert r.status_code == 201 and "could not be queued" in r.json()["detail"], r.text
     assert again.status_code == 201, again.text
-    assert BROKER_TIMEOUT - 0.5 < took < BROKER_TIMEOUT + SLACK, took  # one send, not retried
-    # the dropped connection is made again (its first command times out), then the send: a
-    # quiet CI run measured 6.1 s for the two 3 s timeouts
+    # a send is not retried: one timeout, or two where the connection is first health-checked
+    # (idle over 10 s) or made again after the last one dropped it (CI measured 6.1 s for two
+    # 3 s timeouts, on the first upload as well as the next)
+    assert BROKER_TIMEOUT - 0.5 < took < 2 * BROKER_TIMEOUT + SLACK, took
     assert took_again < 2 * BROKER_TIMEOUT + SLACK, took_again
     wait_status(c, "hung-once", "ready", LEASE + TICK + 30)  # the recovery tick queued it
 
