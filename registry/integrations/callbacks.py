@@ -16,7 +16,6 @@ from django.conf import settings
 from django.urls import reverse
 
 from registry.integrations.outbound import backoff, post_signed
-from registry.jobs.progress import status_url
 from registry.models import Job, JobStatus
 
 log = logging.getLogger(__name__)
@@ -30,7 +29,7 @@ def notice(job: Job) -> bytes:
         "id": str(job.pk), "kind": job.kind, "status": job.status,
         "model": job.version.model.name, "version": job.version.number,
         "failure_reason": job.failure_reason or None, "rows": job.rows_done,
-        "status_path": status_url(job),
+        "status_path": reverse("api:job-detail", args=[job.pk]),  # as jobs.progress.status_url
         "result_path": (reverse("api:job-result", args=[job.pk])
                         if job.status == JobStatus.SUCCEEDED else None),
         "result_bytes": job.result_bytes,

@@ -11,10 +11,10 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from registry.batching import batch_size
 from registry.errors import InvalidRequest, LifecycleError
 from registry.models import ModelVersion, VersionStatus
 from registry.selectors import endpoint_get, model_get, ready_versions
-from registry.services.pipelines import batch_size
 from registry.store.artifacts import CHUNK, ArtifactStore, default_store
 from serving.dataplane import triton_ensemble_config, triton_model_config
 from serving.pipeline_graph import PipelineGraph

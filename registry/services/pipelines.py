@@ -12,6 +12,7 @@ import json
 from django.db import transaction
 
 from registry.audit import Actor, record
+from registry.batching import batch_size  # also imported from here (serving_source)
 from registry.errors import InvalidRequest, LifecycleError
 from registry.evaluation import clean_lineage, clean_metrics
 from registry.models import Alias, ModelVersion, RegisteredModel, VersionStatus
@@ -28,7 +29,6 @@ from serving.pipeline_graph import (
     check_graph,
     parse_end,
 )
-from serving.signature import batch_dimension
 
 SPEC_KEYS = {"steps", "edges"}
 EXTRA_KEYS = {"metadata", "metrics", "lineage"}
@@ -124,15 +124,6 @@ def resolve_spec(spec: object) -> tuple[dict, dict, int]:
         "edges": [{"from": raw["from"], "to": raw["to"]} for raw in raw_edges],
     }
     return stored, signature, batch_size(signature, [v for _, v, _ in resolved])
-
-
-def batch_size(signature: dict, steps: list[ModelVersion]) -> int:
-    """Rows one pipeline request may carry: the smallest of its steps' (0: no batching, when a
-    step takes no batch dimension or the pipeline's inputs do not start with one)."""
-    if not batch_dimension(signature):
-        return 0
-    sizes = [v.max_batch_size if batch_dimension(v.signature) else 0 for v in steps]
-    return min(sizes) if all(sizes) else 0
 
 
 def graph_of(version: ModelVersion) -> PipelineGraph:
