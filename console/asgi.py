@@ -40,6 +40,8 @@ from registry.errors import (  # noqa: E402
     TooManyAttempts,
 )
 from registry.logfilters import database_unavailable  # noqa: E402
+from registry.replica_api import PREFIX as REPLICA_API  # noqa: E402
+from registry.replica_api import replica_api  # noqa: E402
 from registry.store.artifacts import default_store  # noqa: E402
 from serving.limits import EdgeLimits  # noqa: E402
 
@@ -152,6 +154,8 @@ async def application(scope, receive, send):
     path = scope.get("path", "")
     if serving_app is not None and path.startswith(SERVING_PREFIXES):
         return await serving_app(scope, receive, send)
+    if scope["type"] == "http" and path.startswith(REPLICA_API):
+        return await replica_api(scope, receive, send)  # replicas: long polls, no Django
     if scope["type"] == "http":
         # Django's ASGI handler spools the whole body before any view runs: whatever is refused
         # for its headers (size, caller, role, free space) is refused before a byte is read.

@@ -82,6 +82,11 @@ WARM_GRACE_SECONDS = env.int("MMC_WARM_GRACE_SECONDS", default=300)
 EMBED_SERVING = env.bool("MMC_EMBED_SERVING", default=not CLUSTERED)
 REPLICA_HEARTBEAT_SECONDS = env.float("MMC_HEARTBEAT_SECONDS", default=2.0)
 REPLICA_POLL_SECONDS = env.float("MMC_POLL_SECONDS", default=1.0)
+# A replica credential given to both sides by the environment (compose, Kubernetes), beside the
+# ones an admin makes in the console (Replicas page); empty: none.
+REPLICA_TOKEN = env.str("MMC_REPLICA_TOKEN", default="")
+# The longest a replica's desired-state request waits for a new revision (long poll).
+REPLICA_WAIT_SECONDS = env.float("MMC_REPLICA_WAIT_SECONDS", default=25.0)
 # Per-version metrics kept for dashboards and canary analysis: bucket width and retention.
 METRICS_BUCKET_SECONDS = env.int("MMC_METRICS_BUCKET_SECONDS", default=5)
 # History tiers (registry/metrics_retention.py): every sample for an hour, the last of each minute

@@ -307,6 +307,23 @@ class ApiToken(AbstractAuthToken):
         ordering = ["-created"]
 
 
+class ReplicaCredential(models.Model):
+    """A serving replica's credential: it may read the desired state, fetch the artifacts that
+    state references and heartbeat, nothing else (not an API token: every API route refuses
+    it). Created by an admin, shown once; only its sha256 is kept."""
+
+    name = models.CharField(max_length=100, unique=True)
+    prefix = models.CharField(max_length=16, unique=True)
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.CharField(max_length=150, blank=True, default="")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+
 class AuditEvent(models.Model):
     """Append-only record of a mutation, written in the transaction that made it."""
 

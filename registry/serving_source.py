@@ -15,8 +15,7 @@ from dataclasses import replace
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
-from django.db.models import F, Q, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Q
 from django.utils import timezone
 from rest_framework.exceptions import AuthenticationFailed
 
@@ -25,14 +24,14 @@ from registry.api.permissions import READ_ONLY_REFUSAL
 from registry.audit import Actor
 from registry.errors import RegistryError
 from registry.integrations.tensorrt import BUILT
-from registry.metrics import record_samples
-from registry.models import Endpoint, EndpointApiKey, ModelVersion, ReplicaHeartbeat, VersionStatus
+from registry.models import Endpoint, EndpointApiKey, ModelVersion, VersionStatus
 from registry.notify import CHANNEL, current_revision, subscribe_in_process
 from registry.roles import has_role
 from registry.routing import Routing
 from registry.services import analysis_watch, endpoint_deploy
 from registry.services.loadtests import versions_under_test
 from registry.services.pipelines import batch_size
+from registry.services.replicas import heartbeat_store, replica_leave
 from registry.store.artifacts import ArtifactUnavailable, default_store
 from serving.errors import Conflict, Forbidden, InvalidInput, ModelNotFound, Unauthorized
 from serving.pipeline_graph import PipelineGraph
@@ -195,30 +194,10 @@ class RegistrySource:
     def report(self, observed: ObservedState) -> None:
         close_old_connections()
         try:
-            now = timezone.now()
-            behind = observed.revision < current_revision()
-            # behind_since keeps its first moment while the replica stays behind (converging,
-            # then degraded past REPLICA_CONVERGE_SECONDS); at the revision it clears.
-            with transaction.atomic():  # the heartbeat and its samples: one commit
-                self._heartbeat(observed, now, behind)
+            heartbeat_store(observed, address=self.address, started_at=self.started_at)
         except Exception:
             connection.close()
             raise
-
-    def _heartbeat(self, observed: ObservedState, now, behind: bool) -> None:
-        ReplicaHeartbeat.objects.update_or_create(
-            replica=observed.replica,
-            defaults={"revision": observed.revision, "versions": observed.versions,
-                      "degraded": (observed.degraded or "")[:200], "address": self.address,
-                      "started_at": self.started_at, "last_seen": now,
-                      "behind_since": Coalesce(F("behind_since"), Value(now)) if behind
-                      else None},
-            create_defaults={"revision": observed.revision, "versions": observed.versions,
-                             "degraded": (observed.degraded or "")[:200],
-                             "address": self.address, "started_at": self.started_at,
-                             "last_seen": now, "behind_since": now if behind else None},
-        )
-        record_samples(observed.replica, observed.versions)
 
     def fetch_artifact(self, spec: VersionSpec) -> None:
         """Make sure the version's blob is at `spec.artifact_path` before it loads: from an
@@ -233,7 +212,7 @@ class RegistrySource:
         """A graceful shutdown: drop this replica's heartbeat, so it is not shown as lost."""
         close_old_connections()
         try:
-            ReplicaHeartbeat.objects.filter(replica=replica).delete()
+            replica_leave(replica)
         except Exception:
             connection.close()
             raise

@@ -76,6 +76,13 @@ class PipelineGraph:
     steps: tuple[Step, ...]
     edges: tuple[Edge, ...]
 
+    def to_json(self) -> dict:
+        """The resolved spec `from_json` reads back (steps pinned to versions)."""
+        return {"steps": [{"name": s.name, "model": s.model, "version": s.version}
+                          for s in self.steps],
+                "edges": [{"from": _label(e.source), "to": _label(e.target)}
+                          for e in self.edges]}
+
     @classmethod
     def from_json(cls, spec: dict) -> PipelineGraph:
         """The graph of a resolved spec (steps pinned to versions), ordered for running."""

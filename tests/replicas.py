@@ -3,6 +3,7 @@ single embedded console+serving process, on free loopback ports, against the tes
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -21,16 +22,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: What a replica that follows the control plane over HTTP is started with: nothing of the
+#: control plane's (no database, Redis, Django settings or artifact folder).
+REPLICA_ENV_KEYS = ("PATH", "HOME", "LANG", "TMPDIR", "VIRTUAL_ENV")
+
+
+def replica_env(token: str, cache_dir: Path, **extra) -> dict:
+    env = {k: os.environ[k] for k in REPLICA_ENV_KEYS if k in os.environ}
+    env.update({"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), "MMC_REPLICA_TOKEN": token,
+                "MMC_REPLICA_CACHE_DIR": str(cache_dir), "MMC_HEARTBEAT_SECONDS": "0.5"})
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
 class Replica:
     def __init__(self, name: str, *, embedded: bool, log_dir: Path, port: int | None = None,
-                 grpc: bool = False, **env):
+                 grpc: bool = False, follow: str | None = None, token: str = "", **env):
         """`port`: a given one (a restart on the same address), else a free one. `grpc`: also
-        the gRPC front, on a free port of its own (`grpc_address`)."""
+        the gRPC front, on a free port of its own (`grpc_address`). `follow`: the control
+        plane's URL: the replica follows it over HTTP with `token`, and is given no database
+        settings at all."""
         self.name, self.port = name, port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         if grpc:
             self.grpc_address = f"127.0.0.1:{free_port()}"
             env.setdefault("MMC_GRPC_PORT", self.grpc_address.rpartition(":")[2])
+        if follow:
+            cmd = [sys.executable, "-m", "serving.cli", "--registry", follow, "--port",
+                   str(self.port), "--replica", name, "--workers", "1"]
+            self.log = log_dir / f"{name}.log"
+            env = replica_env(token, log_dir / f"{name}-cache", MMC_REPLICA_ADDRESS=self.url,
+                              **env)
+            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log.open("wb"),
+                                         stderr=subprocess.STDOUT)
+            return
         if embedded:
             cmd = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--port",
                    str(self.port), "--lifespan", "on", "--no-access-log", "--log-level", "warning",
@@ -86,6 +111,65 @@ def replicas(n: int, *, embedded: bool, log_dir: Path, grpc: bool = False, **env
     finally:
         for r in started:
             r.stop()
+
+
+class ControlPlane:
+    """The console as a process of its own (uvicorn on console.asgi, as `manage.py start` runs
+    it) on the test database, without its own serving: what HTTP-following replicas talk to."""
+
+    def __init__(self, log_dir: Path, port: int | None = None, **env):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log_dir / "control-plane.log"
+        env.setdefault("MMC_EMBED_SERVING", "0")
+        env.setdefault("MMC_POLL_SECONDS", "0.5")
+        cmd = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--port",
+               str(self.port), "--lifespan", "on", "--no-access-log", "--log-level", "warning"]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(**env),
+                                     stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while True:
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"control plane not up: {self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code < 500:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@contextmanager
+def following(n: int, *, log_dir: Path, token: str, control_plane: ControlPlane | None = None,
+              **env):
+    """A control plane and `n` replicas that follow it over HTTP, each reported in."""
+    plane = control_plane or ControlPlane(log_dir)
+    started = []
+    try:
+        started = [Replica(f"h{i + 1}", embedded=False, log_dir=log_dir, follow=plane.url,
+                           token=token, **env) for i in range(n)]
+        for r in started:
+            r.wait_live()
+        from registry.models import ReplicaHeartbeat
+
+        names = {r.name for r in started}
+        wait_until(lambda: set(ReplicaHeartbeat.objects.filter(replica__in=names)
+                               .values_list("replica", flat=True)) == names,
+                   timeout=30, what=f"replicas {sorted(names)} to report")
+        yield plane, started
+    finally:
+        for r in started:
+            r.stop()
+        if control_plane is None:
+            plane.stop()
 
 
 def wait_until(predicate, timeout: float = 20, interval: float = 0.05, what: str = "condition"):

@@ -1,18 +1,127 @@
-"""Removing replicas from the observed state: an operator removes a lost one (a live one would
-only come back with its next heartbeat), housekeeping forgets those silent for
-MMC_REPLICA_FORGET_SECONDS. Both audited."""
+"""Replicas in the observed state and their credentials.
+
+A heartbeat replaces a replica's row (and stores its stats samples); a graceful stop removes it;
+an operator removes a lost one (a live one would only come back with its next heartbeat), and
+housekeeping forgets those silent for MMC_REPLICA_FORGET_SECONDS (both audited). A replica that
+follows the control plane over HTTP shows a replica credential: made by an admin, shown once,
+revocable, good for the replica API only (registry/replica_api.py)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+import hashlib
+import hmac
+import secrets
+from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from registry.audit import Actor, record
-from registry.errors import LifecycleError, NotFound
-from registry.models import ReplicaHeartbeat
+from registry.errors import InvalidRequest, LifecycleError, NotFound
+from registry.metrics import record_samples
+from registry.models import ReplicaCredential, ReplicaHeartbeat
+from registry.notify import current_revision
+from serving.routes import ObservedState
+
+#: A replica credential reads `mmcr_<prefix>_<secret>`; the prefix names it in lists and logs.
+CREDENTIAL_SCHEME = "mmcr"
+#: The credential named in MMC_REPLICA_TOKEN (compose, Kubernetes: a secret both sides get).
+ENVIRONMENT_CREDENTIAL = "environment"
+
+
+def heartbeat_store(observed: ObservedState, *, address: str, started_at: datetime,
+                    now: datetime | None = None) -> None:
+    """One replica's heartbeat and its samples, in one commit. `behind_since` keeps its first
+    moment while the replica stays behind the current revision (converging, then degraded past
+    REPLICA_CONVERGE_SECONDS); at the revision it clears."""
+    now = now or timezone.now()
+    degraded = (observed.degraded or "")[:200]
+    with transaction.atomic():
+        behind = observed.revision < current_revision()
+        ReplicaHeartbeat.objects.update_or_create(
+            replica=observed.replica,
+            defaults={"revision": observed.revision, "versions": observed.versions,
+                      "degraded": degraded, "address": address[:200], "started_at": started_at,
+                      "last_seen": now,
+                      "behind_since": Coalesce(F("behind_since"), Value(now)) if behind
+                      else None},
+            create_defaults={"revision": observed.revision, "versions": observed.versions,
+                             "degraded": degraded, "address": address[:200],
+                             "started_at": started_at, "last_seen": now,
+                             "behind_since": now if behind else None},
+        )
+        record_samples(observed.replica, observed.versions)
+
+
+def replica_leave(name: str) -> None:
+    """A graceful shutdown: drop the replica's heartbeat, so it is not shown as lost."""
+    ReplicaHeartbeat.objects.filter(replica=name).delete()
+
+
+def _digest(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def credential_create(*, name: str, actor: Actor) -> tuple[ReplicaCredential, str]:
+    """A new replica credential (admin); the raw value is returned once, never stored."""
+    name = (name or "").strip()
+    if not name or len(name) > 100:
+        raise InvalidRequest("a replica credential needs a name of 1-100 characters",
+                             field="name")
+    if name == ENVIRONMENT_CREDENTIAL:
+        raise InvalidRequest(f"{name!r} is the name of MMC_REPLICA_TOKEN's credential; "
+                             "choose another", field="name")
+    prefix = secrets.token_hex(4)
+    raw = f"{CREDENTIAL_SCHEME}_{prefix}_{secrets.token_urlsafe(32)}"
+    try:
+        with transaction.atomic():
+            credential = ReplicaCredential.objects.create(
+                name=name, prefix=prefix, digest=_digest(raw), created_by=actor.name)
+            record(actor, "replica-credential.create", target_type="replica-credential",
+                   target=name, after={"prefix": prefix})
+    except IntegrityError:
+        raise LifecycleError(f"a replica credential named {name!r} exists; revoke it or "
+                             "choose another name", field="name") from None
+    return credential, raw
+
+
+def credential_revoke(*, prefix: str, actor: Actor) -> ReplicaCredential:
+    """Revoke a replica credential (admin): replicas showing it are refused from their next
+    call; what they loaded they keep serving (and say they cannot reach the control plane)."""
+    with transaction.atomic():
+        credential = ReplicaCredential.objects.select_for_update().filter(prefix=prefix).first()
+        if credential is None:
+            raise NotFound(f"no replica credential {prefix!r}", field="prefix")
+        if credential.revoked_at is not None:
+            raise LifecycleError(f"replica credential {credential.name!r} is already revoked",
+                                 field="prefix")
+        credential.revoked_at = timezone.now()
+        credential.save(update_fields=["revoked_at"])
+        record(actor, "replica-credential.revoke", target_type="replica-credential",
+               target=credential.name, before={"prefix": prefix})
+    return credential
+
+
+def credential_check(raw: str) -> str | None:
+    """The name of the live credential `raw` is, or None. MMC_REPLICA_TOKEN (if set) is one."""
+    if not raw or len(raw) > 200:
+        return None
+    configured = settings.REPLICA_TOKEN
+    if configured and hmac.compare_digest(raw.encode(), configured.encode()):
+        return ENVIRONMENT_CREDENTIAL
+    if not raw.startswith(CREDENTIAL_SCHEME + "_"):
+        return None
+    credential = (ReplicaCredential.objects.filter(digest=_digest(raw), revoked_at__isnull=True)
+                  .only("name", "last_used_at").first())
+    if credential is None:
+        return None
+    now = timezone.now()
+    if credential.last_used_at is None or now - credential.last_used_at > timedelta(minutes=1):
+        ReplicaCredential.objects.filter(pk=credential.pk).update(last_used_at=now)
+    return credential.name
 
 
 def _snapshot(r: ReplicaHeartbeat) -> dict:

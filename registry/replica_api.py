@@ -1,0 +1,346 @@
+"""The replica API: how a serving replica with no database settings follows the control plane.
+
+    GET    /api/v1/replica/desired-state[?wait=S]   If-None-Match: "r<revision>"
+    PUT    /api/v1/replica/heartbeats/<replica>     (its observed state, serving.state_wire)
+    DELETE /api/v1/replica/heartbeats/<replica>     (a graceful stop)
+    GET    /api/v1/replica/artifacts/<sha256>       (an artifact the desired state references)
+
+Every call shows a replica credential (`Authorization: Bearer mmcr_…`, or MMC_REPLICA_TOKEN),
+which is good here and nowhere else; an API token or a session is refused here (401).
+
+The desired state is answered from one snapshot per revision, built once by whichever request
+first needs it, gzip'd once, and then sent as it is however many replicas ask. A request whose
+ETag is current waits up to S seconds (at most MMC_REPLICA_WAIT_SECONDS) for the next revision:
+one watcher per process reads the revision (every MMC_POLL_SECONDS, and at once on the Redis or
+in-process notice) and wakes every waiting request; nothing per replica touches the database
+while it waits. Raw ASGI on the console's event loop, so waiting requests hold no thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import orjson
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+
+from registry.logfilters import database_unavailable
+from registry.notify import CHANNEL, current_revision, subscribe_in_process
+from registry.services import analysis_watch
+from registry.services.replicas import credential_check, heartbeat_store, replica_leave
+from registry.serving_source import build_desired_state
+from registry.store.artifacts import ArtifactUnavailable, default_store
+from serving.state_wire import WireError, decode_observed, encode_desired
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/api/v1/replica/"
+HEARTBEAT = re.compile(r"^heartbeats/([A-Za-z0-9._:@-]{1,100})$")
+ARTIFACT = re.compile(r"^artifacts/([0-9a-f]{64})$")
+#: The largest heartbeat body read (a replica serving 1,000 versions sends ~1 MB).
+MAX_HEARTBEAT_BYTES = 8 * 1024 * 1024
+CHUNK = 1024 * 1024
+#: How long a credential found good (or bad) is believed before the database is asked again:
+#: a revoked one is refused at most this long after (a waiting poll too, before it answers).
+CREDENTIAL_TTL_S = 5.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    revision: int
+    etag: str
+    body: bytes
+    gzipped: bytes
+    artifacts: frozenset[str]
+
+
+def etag_of(revision: int) -> str:
+    return f'"r{revision}"'
+
+
+class ReplicaApi:
+    """One per process (console/asgi.py mounts it at PREFIX)."""
+
+    def __init__(self) -> None:
+        # Its own threads for the ORM: replicas never queue behind the console's pages (Django
+        # runs every synchronous view on one thread under ASGI), nor those pages behind them.
+        self._pool = ThreadPoolExecutor(4, thread_name_prefix="mmc-replica-api")
+        self._snapshot: Snapshot | None = None
+        self._build = asyncio.Lock()
+        self._start = asyncio.Lock()
+        self._revision: int | None = None
+        self._changed: asyncio.Event | None = None
+        self._hint: asyncio.Event | None = None
+        self._watcher: asyncio.Task | None = None
+        self._credentials: dict[str, tuple[float, str | None]] = {}
+        self.builds = 0  # snapshots built by this process (specs and the fan-out bench read it)
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    async def _db(self, fn, *args, **kwargs):
+        def call():
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                close_old_connections()
+        return await sync_to_async(call, thread_sensitive=False, executor=self._pool)()
+
+    @staticmethod
+    async def _answer(send, status: int, body: bytes = b"", headers=()) -> None:
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _error(self, send, status: int, message: str, headers=()) -> None:
+        await self._answer(send, status, orjson.dumps({"error": message}),
+                           [(b"content-type", b"application/json"), *headers])
+
+    # -- entry ---------------------------------------------------------------------------------
+
+    async def __call__(self, scope, receive, send) -> None:
+        headers = dict(scope.get("headers") or ())
+        rest, method = scope["path"][len(PREFIX):], scope.get("method", "GET")
+        try:
+            name = await self._credential(headers.get(b"authorization", b""))
+            if name is None:
+                return await self._error(
+                    send, 401, "the replica API needs a replica credential (Authorization: "
+                    "Bearer mmcr_…, made on the console's Replicas page, or MMC_REPLICA_TOKEN)",
+                    [(b"www-authenticate", b"Bearer")])
+            if rest == "desired-state" and method == "GET":
+                return await self._desired(scope, headers, send)
+            if (match := HEARTBEAT.match(rest)) and method in ("PUT", "DELETE"):
+                if method == "DELETE":
+                    await self._db(replica_leave, match[1])
+                    return await self._answer(send, 204)
+                return await self._heartbeat(match[1], headers, receive, send)
+            if (match := ARTIFACT.match(rest)) and method == "GET":
+                return await self._artifact(match[1], send)
+            known = rest == "desired-state" or HEARTBEAT.match(rest) or ARTIFACT.match(rest)
+            return await self._error(send, 405 if known else 404,
+                                     f"{method} {scope['path']} is not part of the replica API")
+        except Exception as exc:
+            if not database_unavailable(exc):
+                raise
+            log.warning("replica API %s %s: database unavailable: %s", method, scope["path"],
+                        type(exc).__name__)
+            return await self._error(send, 503, "the registry database is not answering; "
+                                     "keep serving what you run and ask again",
+                                     [(b"retry-after", b"5")])
+
+    async def _credential(self, header: bytes) -> str | None:
+        scheme, _, raw = header.decode("latin-1").partition(" ")
+        if scheme.lower() != "bearer" or not raw.strip():
+            return None
+        raw = raw.strip()
+        now = time.monotonic()
+        cached = self._credentials.get(raw)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        name = await self._db(credential_check, raw)
+        if len(self._credentials) > 1000:
+            self._credentials.clear()  # guessing costs the guesser a lookup each, no memory
+        self._credentials[raw] = (now + CREDENTIAL_TTL_S, name)
+        return name
+
+    # -- desired state -------------------------------------------------------------------------
+
+    async def _desired(self, scope, headers, send) -> None:
+        wait = _wait_seconds(scope.get("query_string", b""))
+        known = headers.get(b"if-none-match", b"").decode("latin-1").strip()
+        revision = await self._current()
+        deadline = time.monotonic() + wait
+        while etag_of(revision) == known and (left := deadline - time.monotonic()) > 0:
+            changed = self._changed
+            try:
+                await asyncio.wait_for(changed.wait(), left)
+            except TimeoutError:
+                break
+            revision = self._revision
+        if etag_of(revision) == known:
+            return await self._answer(send, 304, headers=[(b"etag", known.encode())])
+        if time.monotonic() > deadline - wait + 1.0 and await self._credential(
+                headers.get(b"authorization", b"")) is None:
+            # revoked while this poll waited (known within CREDENTIAL_TTL_S)
+            return await self._error(send, 401, "this replica credential was revoked",
+                                     [(b"www-authenticate", b"Bearer")])
+        snapshot = await self._snapshot_for(revision)
+        if snapshot.etag == known:  # the revision moved back? never; but answer it plainly
+            return await self._answer(send, 304, headers=[(b"etag", known.encode())])
+        gzip_ok = b"gzip" in headers.get(b"accept-encoding", b"")
+        body = snapshot.gzipped if gzip_ok else snapshot.body
+        extra = [(b"content-encoding", b"gzip")] if gzip_ok else []
+        await self._answer(send, 200, body, [(b"content-type", b"application/json"),
+                                             (b"etag", snapshot.etag.encode()),
+                                             (b"vary", b"accept-encoding"), *extra])
+
+    async def _current(self) -> int:
+        """The newest revision this process knows (read now if the watcher has not yet)."""
+        if self._watcher is not None and not self._watcher.done():
+            return self._revision
+        async with self._start:
+            if self._watcher is None or self._watcher.done():
+                self._changed, self._hint = asyncio.Event(), asyncio.Event()
+                self._revision = await self._db(current_revision)
+                self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        return self._revision
+
+    async def _snapshot_for(self, revision: int) -> Snapshot:
+        snapshot = self._snapshot
+        if snapshot is not None and snapshot.revision >= revision:
+            return snapshot
+        async with self._build:  # one build per revision, whoever waits for it
+            snapshot = self._snapshot
+            if snapshot is None or snapshot.revision < revision:
+                snapshot = self._snapshot = await self._db(_build_snapshot)
+                self.builds += 1
+            return snapshot
+
+    async def _watch(self) -> None:
+        """Read the revision every poll interval or at a notice; wake the waiting requests."""
+        loop = asyncio.get_running_loop()
+        hint = self._hint
+
+        def notice(_revision=None) -> None:
+            loop.call_soon_threadsafe(hint.set)
+
+        unsubscribe = subscribe_in_process(notice)
+        stop = threading.Event()
+        if settings.REDIS_URL:
+            threading.Thread(target=_listen_redis, args=(notice, stop), daemon=True,
+                             name="mmc-replica-api-sub").start()
+        try:
+            while True:
+                try:
+                    await asyncio.wait_for(hint.wait(), settings.REPLICA_POLL_SECONDS)
+                except TimeoutError:
+                    pass
+                hint.clear()
+                try:
+                    revision = await self._db(_revision_and_watch)
+                except Exception as exc:  # the database away: waiting requests time out
+                    log.debug("replica API watcher: %s", exc)
+                    continue
+                if revision != self._revision:
+                    self._revision = revision
+                    changed, self._changed = self._changed, asyncio.Event()
+                    changed.set()
+        finally:
+            unsubscribe()
+            stop.set()
+
+    # -- heartbeats ----------------------------------------------------------------------------
+
+    async def _heartbeat(self, replica: str, headers, receive, send) -> None:
+        declared = headers.get(b"content-length")
+        if declared is not None and (not declared.isdigit()
+                                     or int(declared) > MAX_HEARTBEAT_BYTES):
+            return await self._error(send, 413, f"a heartbeat is at most {MAX_HEARTBEAT_BYTES} "
+                                     "bytes")
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > MAX_HEARTBEAT_BYTES:
+                return await self._error(send, 413, f"a heartbeat is at most "
+                                         f"{MAX_HEARTBEAT_BYTES} bytes")
+            if not message.get("more_body"):
+                break
+        try:
+            doc = orjson.loads(body)
+            observed = decode_observed(doc, replica=replica)
+            address = doc.get("address", "")
+            started = doc.get("started_at")
+            if not isinstance(address, str) or not isinstance(started, int | float) \
+                    or isinstance(started, bool):
+                raise WireError("heartbeat: address (text) and started_at (unix seconds) "
+                                "are needed")
+            started_at = datetime.fromtimestamp(started, tz=UTC)
+        except (orjson.JSONDecodeError, WireError, ValueError, OverflowError, OSError) as exc:
+            return await self._error(send, 400, f"not a heartbeat: {exc}"[:500])
+        await self._db(heartbeat_store, observed, address=address, started_at=started_at)
+        await self._answer(send, 204)
+
+    # -- artifacts -----------------------------------------------------------------------------
+
+    async def _artifact(self, sha256: str, send) -> None:
+        snapshot = await self._snapshot_for(await self._current())
+        if sha256 not in snapshot.artifacts:
+            return await self._error(send, 404, f"artifact {sha256} is not referenced by the "
+                                     "desired state (a replica fetches only what it runs)")
+        try:
+            path = await self._db(default_store().local_path, sha256)
+        except (ArtifactUnavailable, FileNotFoundError) as exc:
+            return await self._error(send, 503, f"the artifact store did not give {sha256}: "
+                                     f"{exc}", [(b"retry-after", b"5")])
+        loop = asyncio.get_running_loop()
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(0)
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"application/octet-stream"),
+                (b"content-length", str(size).encode()), (b"etag", f'"{sha256}"'.encode())]})
+            while chunk := await loop.run_in_executor(self._pool, f.read, CHUNK):
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def _wait_seconds(query: bytes) -> float:
+    for part in query.split(b"&"):
+        key, _, value = part.partition(b"=")
+        if key == b"wait":
+            try:
+                return max(0.0, min(float(value), settings.REPLICA_WAIT_SECONDS))
+            except ValueError:
+                return 0.0
+    return 0.0
+
+
+def _revision_and_watch() -> int:
+    # Replicas no longer reach the database: the control plane notices a silent canary
+    # analysis for them (at most once per tick interval, never raising).
+    analysis_watch.watch()
+    return current_revision()
+
+
+def _build_snapshot() -> Snapshot:
+    state = build_desired_state()
+    body = orjson.dumps(encode_desired(state))
+    return Snapshot(revision=state.revision, etag=etag_of(state.revision), body=body,
+                    gzipped=gzip.compress(body, compresslevel=6),
+                    artifacts=frozenset(s.sha256 for s in state.versions.values()))
+
+
+def _listen_redis(notice, stop: threading.Event) -> None:
+    import redis  # clustered mode only
+
+    delay = 0.2
+    while not stop.is_set():
+        try:
+            client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2,
+                                          health_check_interval=5)
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe(CHANNEL)
+            delay = 0.2
+            while not stop.is_set():
+                message = pubsub.get_message(timeout=1.0)
+                if message and message.get("type") == "message":
+                    notice()
+        except Exception as exc:  # Redis down: the poll still converges
+            log.debug("replica API subscription lost: %s", exc)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+replica_api = ReplicaApi()
