@@ -191,7 +191,8 @@ def test_every_variable_the_manifests_set_is_one_the_code_reads(rendered):
     read = names_the_code_reads()
     assert {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "MMC_DRAIN_SECONDS"} <= read
     assert not set(NOT_YET_READ) & read, "read now: drop it from NOT_YET_READ"
-    set_here = set(config(rendered)) | set(rendered["Secret", "mmc-secrets"]["stringData"])
+    set_here = (set(config(rendered)) | set(rendered["Secret", "mmc-secrets"]["stringData"])
+                | set(rendered["Secret", "mmc-replica"]["stringData"]))
     for app in APPS:
         set_here |= {e["name"] for e in container(rendered, app).get("env", [])}
     unknown = set_here - read - set(NOT_YET_READ)
@@ -210,6 +211,8 @@ def test_every_process_gets_the_clustered_settings_and_the_artifact_volume(rende
     for app in APPS:
         c = container(rendered, app)
         assert {"configMapRef": {"name": "mmc-config"}} in c["envFrom"], app
+        if app == "mmc-serving":  # test_serving_replicas_hold_no_database_credentials
+            continue
         assert {"secretRef": {"name": "mmc-secrets"}} in c["envFrom"], app
         mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
         assert mounts.get(config(rendered)["MMC_DATA_DIR"]) == "data", app
@@ -223,6 +226,27 @@ def test_every_process_gets_the_clustered_settings_and_the_artifact_volume(rende
     assert rendered["Deployment", "mmc-beat"]["spec"]["replicas"] == 1
 
 
+def test_serving_replicas_hold_no_database_credentials(rendered):
+    """Replicas follow the console over HTTP with the replica credential alone: no secret with
+    the database or Redis URL, no artifact volume; the console accepts the same credential."""
+    c = container(rendered, "mmc-serving")
+    assert c["envFrom"] == [{"configMapRef": {"name": "mmc-config"}},
+                            {"secretRef": {"name": "mmc-replica"}}]
+    assert set(rendered["Secret", "mmc-replica"]["stringData"]) == {"MMC_REPLICA_TOKEN"}
+    assert not {"DATABASE_URL", "REDIS_URL", "SECRET_KEY"} & set(config(rendered))
+    assert not {"DATABASE_URL", "REDIS_URL"} & {e["name"] for e in c.get("env", [])}
+    assert c["command"][:3] == ["mmc-serve", "--registry", "http://mmc-console:8000"]
+    volumes = pod_spec(rendered, "mmc-serving")["volumes"]
+    assert all("persistentVolumeClaim" not in v for v in volumes), volumes
+    console = container(rendered, "mmc-console")
+    assert {"secretRef": {"name": "mmc-replica"}} in console["envFrom"]
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    assert set(compose["serving"]["environment"]) == {"MMC_REPLICA_TOKEN",
+                                                     "MMC_REPLICA_CACHE_DIR"}
+    assert "volumes" not in compose["serving"]
+    assert compose["serving"]["command"][:3] == ["mmc-serve", "--registry", "http://console:8000"]
+
+
 def test_the_processes_are_the_ones_docker_compose_runs(rendered):
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
     assert container(rendered, "mmc-console")["command"] == compose["console"]["command"]
@@ -230,4 +254,6 @@ def test_the_processes_are_the_ones_docker_compose_runs(rendered):
     beat = container(rendered, "mmc-beat")["command"]
     assert beat[:len(compose["beat"]["command"])] == compose["beat"]["command"]
     serve = compose["serving"]["command"]  # one scalable service behind the front door
-    assert container(rendered, "mmc-serving")["command"] == serve
+    # the same, but for the console's name on each (its Service; its compose service)
+    assert [a.replace("//mmc-console:", "//console:") for a in
+            container(rendered, "mmc-serving")["command"]] == serve

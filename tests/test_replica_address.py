@@ -65,7 +65,7 @@ def mmc_serve_advertises(command: list[str], env: dict[str, str]) -> str:
             mock.patch.object(serving.cli, "serve"), \
             mock.patch.object(serving.cli, "app_from_env"):
         os.environ.pop("MMC_REPLICA_ADDRESS", None)
-        os.environ.update(env)
+        os.environ.update({"MMC_REPLICA_TOKEN": "mmcr_spec", **env})
         serving.cli.main(command[1:])
         return os.environ["MMC_REPLICA_ADDRESS"]
 

@@ -170,7 +170,8 @@ def test_a_version_interrupted_too_often_fails_with_the_reason(engineer):
 @pytest.mark.skipif(not which("docker-compose"), reason="Debian docker-compose not installed")
 def test_compose_file_is_valid():
     r = subprocess.run(["docker-compose", "-f", "docker-compose.yml", "config", "-q"], cwd=REPO,
-                       env={"SECRET_KEY": "x", "PATH": "/usr/bin:/bin"}, capture_output=True,
+                       env={"SECRET_KEY": "x", "MMC_REPLICA_TOKEN": "y", "PATH": "/usr/bin:/bin"},
+                       capture_output=True,
                        text=True)
     assert r.returncode == 0, r.stderr
 
