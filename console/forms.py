@@ -214,6 +214,11 @@ class TokenCreateForm(forms.Form):
                                    help_text="it may only read, whatever your role")
 
 
+class ReplicaCredentialForm(forms.Form):
+    name = forms.CharField(max_length=100, label="Name",
+                           help_text="which replicas show it, e.g. eu-west-fleet")
+
+
 class UserCreateForm(forms.Form):
     username = forms.CharField(max_length=150, label="Username")
     email = forms.EmailField(required=False, label="Email")
