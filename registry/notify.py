@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from django.conf import settings
@@ -72,3 +73,27 @@ def subscribe_in_process(callback: Callable[[int], None]) -> Callable[[], None]:
                 _listeners.remove(callback)
 
     return unsubscribe
+
+
+def listen_redis(callback: Callable[[int], None], stop: threading.Event) -> None:
+    """Call callback(revision) for every revision published on CHANNEL until `stop` is set
+    (a thread's loop, clustered mode). Redis down: tried again with back-off up to 5 s, quietly
+    (whoever listens also polls, so it converges meanwhile)."""
+    import redis  # clustered mode only: the embedded process never pays for it
+
+    delay = 0.2
+    while not stop.is_set():
+        try:
+            client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2,
+                                          health_check_interval=5)
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe(CHANNEL)
+            delay = 0.2
+            while not stop.is_set():
+                message = pubsub.get_message(timeout=1.0)
+                if message and message.get("type") == "message":
+                    callback(int(message["data"]))
+        except Exception as exc:
+            log.debug("route subscription lost: %s", exc)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)

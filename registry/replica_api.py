@@ -34,7 +34,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from registry.logfilters import database_unavailable
-from registry.notify import CHANNEL, current_revision, subscribe_in_process
+from registry.notify import current_revision, listen_redis, subscribe_in_process
 from registry.services import analysis_watch
 from registry.services.replicas import credential_check, heartbeat_store, replica_leave
 from registry.serving_source import build_desired_state
@@ -216,7 +216,7 @@ class ReplicaApi:
         unsubscribe = subscribe_in_process(notice)
         stop = threading.Event()
         if settings.REDIS_URL:
-            threading.Thread(target=_listen_redis, args=(notice, stop), daemon=True,
+            threading.Thread(target=listen_redis, args=(notice, stop), daemon=True,
                              name="mmc-replica-api-sub").start()
         try:
             while True:
@@ -320,27 +320,6 @@ def _build_snapshot() -> Snapshot:
     return Snapshot(revision=state.revision, etag=etag_of(state.revision), body=body,
                     gzipped=gzip.compress(body, compresslevel=6),
                     artifacts=frozenset(s.sha256 for s in state.versions.values()))
-
-
-def _listen_redis(notice, stop: threading.Event) -> None:
-    import redis  # clustered mode only
-
-    delay = 0.2
-    while not stop.is_set():
-        try:
-            client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2,
-                                          health_check_interval=5)
-            pubsub = client.pubsub(ignore_subscribe_messages=True)
-            pubsub.subscribe(CHANNEL)
-            delay = 0.2
-            while not stop.is_set():
-                message = pubsub.get_message(timeout=1.0)
-                if message and message.get("type") == "message":
-                    notice()
-        except Exception as exc:  # Redis down: the poll still converges
-            log.debug("replica API subscription lost: %s", exc)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
 
 
 replica_api = ReplicaApi()

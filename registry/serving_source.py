@@ -8,7 +8,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import replace
@@ -25,7 +24,7 @@ from registry.audit import Actor
 from registry.errors import RegistryError
 from registry.integrations.tensorrt import BUILT
 from registry.models import Endpoint, EndpointApiKey, ModelVersion, VersionStatus
-from registry.notify import CHANNEL, current_revision, subscribe_in_process
+from registry.notify import current_revision, listen_redis, subscribe_in_process
 from registry.roles import has_role
 from registry.routing import Routing
 from registry.services import analysis_watch, endpoint_deploy
@@ -221,28 +220,8 @@ class RegistrySource:
         if not settings.REDIS_URL:
             subscribe_in_process(callback)
             return
-        threading.Thread(target=self._listen, args=(callback,), name="mmc-routes-sub",
-                         daemon=True).start()
-
-    def _listen(self, callback: Callable[[int], None]) -> None:
-        import redis  # clustered mode only: the embedded process never pays for it
-
-        delay = 0.2
-        while not self._stop.is_set():
-            try:
-                client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2,
-                                              health_check_interval=5)
-                pubsub = client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(CHANNEL)
-                delay = 0.2
-                while not self._stop.is_set():
-                    message = pubsub.get_message(timeout=1.0)
-                    if message and message.get("type") == "message":
-                        callback(int(message["data"]))
-            except Exception as exc:  # Redis down: polling still converges; retry quietly
-                log.debug("route subscription lost: %s", exc)
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        threading.Thread(target=listen_redis, args=(callback, self._stop),
+                         name="mmc-routes-sub", daemon=True).start()
 
     def close(self) -> None:
         self._stop.set()
