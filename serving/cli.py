@@ -1,7 +1,10 @@
 """`mmc-serve`: one serving replica on uvicorn (uvloop + httptools, no access log).
 
     mmc-serve --model-repository DIR [--host 127.0.0.1] [--port 8001] [--replica r1]
-    mmc-serve --registry            (follow the registry's desired state; needs Django settings)
+    mmc-serve --registry URL        (follow the control plane at URL over HTTP, with the replica
+                                     credential in $MMC_REPLICA_TOKEN or --replica-token-file;
+                                     no database settings)
+    mmc-serve --registry            (follow the registry's database directly; Django settings)
     ... --grpc-port 9001            (also the KServe v2 / Triton gRPC front, same process)
 """
 
@@ -9,25 +12,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import logging
 import os
 import signal
 import socket
+import struct
 import sys
 import time
 
 import uvicorn
 
-from serving import parking, supervisor
+from serving import supervisor
 from serving.replica_address import advertised_url
 
 _ENV_REPO = "MMC_SERVE_MODEL_REPOSITORY"
 _ENV_REGISTRY = "MMC_SERVE_REGISTRY"
+_ENV_TOKEN = "MMC_REPLICA_TOKEN"
 _ENV_REPLICA = "MMC_SERVE_REPLICA"
 _PROTOCOL = "serving.protocol:GuardedHttpToolsProtocol"
 
 
-def _source(repository: str | None, registry: bool):
+def _source(repository: str | None, registry: str):
+    """The desired-state source: the control plane over HTTP (`registry` a URL), the registry's
+    database (`registry` "1"), or a model repository folder."""
+    if registry.startswith(("http://", "https://")):
+        from serving.http_source import HttpRegistrySource
+
+        return HttpRegistrySource(
+            registry, _replica_token(), address=os.environ.get("MMC_REPLICA_ADDRESS", ""),
+            cache_dir=os.environ.get("MMC_REPLICA_CACHE_DIR") or None)
     if registry:
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
         import django
@@ -42,10 +56,38 @@ def _source(repository: str | None, registry: bool):
     return RepositorySource(repository, read_signature=read_signature)
 
 
+def _replica_token() -> str:
+    return os.environ.get(_ENV_TOKEN, "").strip()
+
+
 log = logging.getLogger("uvicorn.error")
 
 #: A worker takes a second signal this soon after the first for the same one (see handle_exit).
 REPEAT_SECONDS = 1.0
+
+_SO_ATTACH_FILTER = 26  # Linux <asm-generic/socket.h>
+#: A classic BPF program of one instruction, `ret #0`: drop the packet.
+_DROP_ALL = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0))
+
+
+def refuse_new_connections(listener) -> bool:
+    """Make the kernel drop new connection attempts (SYNs) to `listener` while the ones it
+    already completed wait in its accept queue: closing a listener resets those, after their
+    clients have sent a request. A dropped SYN is sent again a second later and finds the port
+    closed (a refusal its client may retry) or another process listening. Linux only: False
+    elsewhere or on failure. (The drain's last step; measured by
+    tests/faults/test_replica_drain.py: without it 2-3 requests of 10 restarts under load were
+    lost, with it none.)"""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        with socket.socket(fileno=os.dup(listener.fileno())) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER,
+                            struct.pack("HP", 1, ctypes.addressof(_DROP_ALL)))
+    except OSError as exc:
+        log.warning("cannot hold off new connections: %s", exc)
+        return False
+    return True
 
 
 class DrainingServer(uvicorn.Server):
@@ -61,18 +103,17 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config, *, app=None, drain_seconds: float = 0.0,
                  held: bool = False) -> None:
         super().__init__(config)
-        # Its sockets refuse new connections until the app is ready (a worker started again
-        # while the others serve: rather than answer "starting", it lets clients retry).
+        # Listens only once the app is ready (a worker started again while the others serve:
+        # until then the kernel gives new connections to them, rather than to one that can only
+        # answer "starting").
         self.held = held
-        self._admit_task: asyncio.Task | None = None
+        self._listen_task: asyncio.Task | None = None
+        self.listen_failed = False
         self.app = app  # the ServingApp (begin_drain), if known
         self.drain_seconds = drain_seconds
         self.drain_until: float | None = None
         self._answered = 0  # requests answered by the drain's previous tick
         self._signalled_at: float | None = None
-        self.parked = False  # serving.parking: this worker has stopped listening
-        self._active_seen: int | None = None
-        self._parking_task: asyncio.Task | None = None
 
     def handle_exit(self, sig, frame) -> None:
         now = time.monotonic()
@@ -101,18 +142,30 @@ class DrainingServer(uvicorn.Server):
                  self.drain_seconds, len(self.server_state.connections))
 
     async def startup(self, sockets=None) -> None:
-        await super().startup(sockets)
-        if self.held and sockets:
-            self._admit_task = asyncio.get_running_loop().create_task(
-                self._admit_when_ready(sockets))
+        if not self.held:
+            await super().startup(sockets)
+            return
+        await super().startup([])  # the lifespan (models start loading), no listener yet
+        self._listen_task = asyncio.get_running_loop().create_task(self._listen_when_ready())
 
-    async def _admit_when_ready(self, sockets) -> None:
+    async def _listen_when_ready(self) -> None:
+        """A held worker's own SO_REUSEPORT listener, opened once its models are loaded."""
         dataplane = getattr(self.app, "dataplane", None)
         while dataplane is not None and not self.should_exit and not dataplane.ready()[0]:
             await asyncio.sleep(0.05)
-        if not self.should_exit and self.drain_until is None:
-            for sock in sockets:
-                supervisor.admit_new_connections(sock)
+        if self.should_exit or self.drain_until is not None:
+            return
+        config, state, app_state = self.config, self.server_state, self.lifespan.state
+        try:
+            sock = supervisor.reuse_port_listener(config.host, config.port, config.backlog)
+        except OSError as exc:
+            log.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
+            self.listen_failed = self.should_exit = True
+            return
+        self.servers.append(await asyncio.get_running_loop().create_server(
+            lambda: config.http_protocol_class(config=config, server_state=state,
+                                               app_state=app_state),
+            sock=sock, backlog=config.backlog))
 
     async def shutdown(self, sockets=None) -> None:
         """Let the kernel take no new connection, accept the ones it already took (the loop
@@ -120,8 +173,9 @@ class DrainingServer(uvicorn.Server):
         behind it (closing a listener resets what waits in its queue). A worker's socket is its
         own (SO_REUSEPORT): a new connection refused here is retried by its client and lands
         on a worker still open."""
-        if not self.force_exit:
-            await supervisor.stop_listening(self.servers)
+        if not self.force_exit and any([refuse_new_connections(sock) for server in self.servers
+                                        for sock in server.sockets or ()]):
+            await asyncio.sleep(0.05)
         await super().shutdown(sockets)
 
     async def on_tick(self, counter: int) -> bool:
@@ -135,60 +189,11 @@ class DrainingServer(uvicorn.Server):
             self._answered = state.total_requests
             if quiet or time.monotonic() >= until:
                 self.should_exit = True
-        if counter % 10 == 0 and self.started and supervisor.is_worker():
-            self._follow_parking()
+        if (counter % 10 == 0 and self.drain_until is None and not self.should_exit
+                and supervisor.supervisor_gone()):
+            log.warning("the supervisor is gone: draining")
+            self.handle_exit(signal.SIGTERM, None)
         return await super().on_tick(counter)
-
-    # -- parking (serving.parking): the supervisor says how many workers listen ---------------
-
-    def _follow_parking(self) -> None:
-        folder = os.environ.get(supervisor.ENV_WORKER_DIR, "")
-        active = parking.read_active(folder) if folder else None
-        busy = self._parking_task is not None and not self._parking_task.done()
-        if active is None or busy or self.drain_until is not None or self.should_exit:
-            return
-        listen = int(os.environ.get(supervisor.ENV_WORKER_INDEX, "0")) < active
-        loop = asyncio.get_running_loop()
-        if not listen and not self.parked:
-            self._parking_task = loop.create_task(self._park())
-        elif listen and self.parked:
-            self._parking_task = loop.create_task(self._unpark())
-        elif listen and self._active_seen is not None and active > self._active_seen:
-            self._let_go((active - self._active_seen) / active)  # room for the unparked
-        self._active_seen = active
-
-    async def _park(self) -> None:
-        self.parked = True
-        await supervisor.stop_listening(self.servers)
-        self.servers = []  # uvicorn's shutdown closes what is listening then: nothing here
-        grpc_front = getattr(self.app, "grpc", None)
-        if grpc_front is not None:
-            await grpc_front.park()
-        self._let_go(1.0)  # listening nowhere here now: the clients reconnect elsewhere
-        log.warning("worker %s parked: not listening while the host has no core to spare for it",
-                    os.environ.get(supervisor.ENV_WORKER_INDEX))
-
-    async def _unpark(self) -> None:
-        sock = supervisor.reuse_port_listener(self.config.host, self.config.port)
-        config, state, app_state = self.config, self.server_state, self.lifespan.state
-        server = await asyncio.get_running_loop().create_server(
-            lambda: config.http_protocol_class(config=config, server_state=state,
-                                               app_state=app_state),
-            sock=sock, backlog=config.backlog)
-        self.servers.append(server)
-        grpc_front = getattr(self.app, "grpc", None)
-        if grpc_front is not None:
-            await grpc_front.unpark()
-        self.parked = False
-        log.warning("worker %s listening again", os.environ.get(supervisor.ENV_WORKER_INDEX))
-
-    def _let_go(self, share: float) -> None:
-        """`share` of this worker's keep-alive connections close after their next answer."""
-        for connection in parking.share_of(list(self.server_state.connections), share):
-            connection.close_after_answer = True
-        grpc_front = getattr(self.app, "grpc", None)
-        if grpc_front is not None:
-            grpc_front.let_go(share)
 
 
 def serve(app, *, serving=None, sockets=None, held: bool = False, **options) -> None:
@@ -210,7 +215,7 @@ def serve(app, *, serving=None, sockets=None, held: bool = False, **options) -> 
         server.run(sockets=sockets)
     except KeyboardInterrupt:  # the SIGINT uvicorn re-raises after its shutdown
         pass
-    if not server.started:
+    if not server.started or server.listen_failed:
         raise SystemExit(3)  # uvicorn's STARTUP_FAILURE
 
 
@@ -238,7 +243,7 @@ def app_from_env():
     stable across the worker's restarts, so its successor takes over its row."""
     from serving.app import create_app
 
-    source = _source(os.environ.get(_ENV_REPO), os.environ.get(_ENV_REGISTRY) == "1")
+    source = _source(os.environ.get(_ENV_REPO), os.environ.get(_ENV_REGISTRY, ""))
     replica = os.environ.get(_ENV_REPLICA) or socket.gethostname()
     index = os.environ.get(supervisor.ENV_WORKER_INDEX)
     if index is not None:
@@ -251,8 +256,13 @@ def main(argv: list[str] | None = None) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--model-repository", metavar="DIR",
                        help="Triton-like folder: <model>/<version>/model.onnx [+ config.json]")
-    where.add_argument("--registry", action="store_true",
-                       help="follow the registry (Django settings from the environment)")
+    where.add_argument("--registry", nargs="?", const="1", metavar="URL",
+                       help="follow the control plane at URL (http[s]://…) with a replica "
+                            "credential; without URL, read the registry's database (Django "
+                            "settings from the environment)")
+    parser.add_argument("--replica-token-file", metavar="PATH",
+                        help="file holding the replica credential (default: "
+                             "$MMC_REPLICA_TOKEN)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--replica", default=None, help="replica id (default: the host name)")
@@ -274,7 +284,18 @@ def main(argv: list[str] | None = None) -> None:
     os.environ[_ENV_REPLICA] = args.replica or socket.gethostname()
     use_grpc_arguments(args)
     if args.registry:
-        os.environ[_ENV_REGISTRY] = "1"
+        if args.registry != "1" and not args.registry.startswith(("http://", "https://")):
+            parser.error(f"--registry {args.registry}: give the control plane's http(s) URL")
+        if args.replica_token_file:
+            try:
+                os.environ[_ENV_TOKEN] = open(args.replica_token_file).read().strip()
+            except OSError as exc:
+                parser.error(f"--replica-token-file: {exc}")
+        if args.registry != "1" and not os.environ.get(_ENV_TOKEN):
+            parser.error("--registry URL needs the replica credential: $MMC_REPLICA_TOKEN or "
+                         "--replica-token-file (an admin makes one on the console's Replicas "
+                         "page)")
+        os.environ[_ENV_REGISTRY] = args.registry
         # the URL its heartbeats advertise (where a load test reaches it), complete
         os.environ["MMC_REPLICA_ADDRESS"] = advertised_url(
             os.environ.get("MMC_REPLICA_ADDRESS", ""), host=args.host, port=args.port)
@@ -294,12 +315,15 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(supervisor.run_workers(
             command, workers, host=args.host, port=args.port,
             stop_timeout=drain + options["timeout_graceful_shutdown"] + 15))
-    sockets, held = None, supervisor.is_restart()
+    sockets, held = None, False
     if supervisor.is_worker():  # one of several: its own socket on the shared port
-        supervisor.follow_supervisor()
-        # held: the others serve meanwhile; this one takes connections once it can answer
-        sockets = [supervisor.reuse_port_listener(args.host, args.port, refuse=held)]
-    serve(app_from_env(), sockets=sockets, held=held and sockets is not None, **options)
+        if supervisor.supervisor_gone():
+            raise SystemExit(0)  # it died before this worker got here: nobody to serve for
+        # started again while the others serve: it opens its socket once it can answer
+        held = supervisor.is_restart()
+        if not held:
+            sockets = [supervisor.reuse_port_listener(args.host, args.port)]
+    serve(app_from_env(), sockets=sockets, held=held, **options)
 
 
 if __name__ == "__main__":

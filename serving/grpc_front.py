@@ -404,7 +404,6 @@ class _GrpcioServer:
 
     def __init__(self, options: list) -> None:
         self._server = grpc.aio.server(options=options)
-        self.listening = False
 
     def add_generic_rpc_handlers(self, handlers) -> None:
         self._server.add_generic_rpc_handlers(handlers)
@@ -417,11 +416,9 @@ class _GrpcioServer:
         if not bound:
             raise OSError(f"gRPC: cannot listen on {host}:{port}")
         await self._server.start()
-        self.listening = True
         return bound
 
     async def stop(self, grace: float) -> None:
-        self.listening = False
         await self._server.stop(grace)
 
 
@@ -497,21 +494,6 @@ class GrpcFront:
                 await self._sync_health()
             except Exception:  # noqa: BLE001 - keep following; the next tick tries again
                 log.exception("gRPC health update failed")
-
-    async def park(self) -> None:
-        """serving.parking: stop listening (the worker then lets the connections go). Only the
-        fast transport can: grpcio's server listens until it stops."""
-        if self.server is not None and hasattr(self.server, "stop_listening"):
-            await self.server.stop_listening()
-
-    async def unpark(self) -> None:
-        if (self.server is not None and hasattr(self.server, "listen")
-                and not self.server.listening):
-            await self.server.listen()
-
-    def let_go(self, share: float) -> None:
-        if self.server is not None and hasattr(self.server, "let_go"):
-            self.server.let_go(share)
 
     async def begin_drain(self) -> None:
         """SIGTERM: health says NOT_SERVING from now on; calls are still answered."""

@@ -31,8 +31,7 @@ import grpc
 
 from serving.http2 import STREAM_WINDOW, Http2Connection, Stream, header_field, status_field
 from serving.limits import EdgeLimits
-from serving.parking import share_of
-from serving.supervisor import reuse_port_listener, stop_listening
+from serving.supervisor import reuse_port_listener
 
 log = logging.getLogger(__name__)
 
@@ -542,7 +541,6 @@ class GrpcServer:
         self.connections: set[Http2Connection] = set()
         self.calls: set[Call] = set()
         self._listener: asyncio.AbstractServer | None = None
-        self._where: tuple[str, int, bool] = ("127.0.0.1", 0, False)
         self._read_headers: list | None = None  # the last request headers read, and what
         self._read: tuple = ()  # they said (on_headers)
 
@@ -630,13 +628,7 @@ class GrpcServer:
 
     async def start(self, host: str, port: int, *, reuse_port: bool = False) -> int:
         """Listen on host:port (OSError when taken); the port bound."""
-        self._where = (host.strip("[]"), port, reuse_port)
-        port = await self.listen()
-        self._where = (self._where[0], port, reuse_port)  # port 0: again on the one bound
-        return port
-
-    async def listen(self) -> int:
-        host, port, reuse_port = self._where
+        host = host.strip("[]")
         if reuse_port:
             sock = reuse_port_listener(host, port)
         else:
@@ -650,33 +642,16 @@ class GrpcServer:
                 raise
         loop = asyncio.get_running_loop()
         self._listener = await loop.create_server(self._connection, sock=sock)
-        if self._sweeping is None:
-            self._sweeping = loop.call_later(self._tick, self._sweep)
+        self._sweeping = loop.call_later(self._tick, self._sweep)
         return sock.getsockname()[1]
-
-    async def stop_listening(self) -> None:
-        """No new connections: the kernel stops completing them, the ones it completed are
-        taken (closing a listener resets its queue), then the listener closes."""
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            await stop_listening([listener])
-
-    @property
-    def listening(self) -> bool:
-        return self._listener is not None
-
-    def let_go(self, share: float) -> None:
-        """Ask `share` of the connections to go (GOAWAY): their clients reconnect, wherever
-        the kernel sends them (serving.parking); calls in flight finish."""
-        for conn in share_of(list(self.connections), share):
-            conn.go_away()
 
     async def stop(self, grace: float) -> None:
         """No new calls (GOAWAY); the ones in flight get `grace` seconds, then are cancelled."""
         if self._listener is not None:
             self._listener.close()
             self._listener = None
-        self.let_go(1.0)
+        for conn in list(self.connections):
+            conn.go_away()
         loop = asyncio.get_running_loop()
         until = loop.time() + grace
         while self.calls and loop.time() < until:

@@ -121,8 +121,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     #: Set (on the class) by serving.cli.DrainingServer on SIGTERM: from then on every answer
     #: says `Connection: close`, so no client keeps a pooled connection the exit would cut.
     draining = False
-    #: Set on one connection (serving.parking): its next answer says `Connection: close`.
-    close_after_answer = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         HttpToolsProtocol.connection_made(self, _CoalescingTransport(transport, self.loop))
@@ -158,7 +156,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         HttpToolsProtocol.on_headers_complete(self)
-        if (self.draining or self.close_after_answer) and self.cycle is not None:
+        if self.draining and self.cycle is not None:
             self.cycle.keep_alive = False  # uvicorn adds `Connection: close`, then closes
 
     def on_body(self, body: bytes) -> None:

@@ -9,10 +9,13 @@ connections over the workers by their addresses: about evenly. (One socket share
 worker spread them as the accept race fell: 27 of 32 keep-alive connections on one worker, 5 on
 the other, and the crowded worker's answers waited.) On SIGTERM or SIGINT the supervisor passes
 the signal on and waits: every worker runs its own drain (not ready, `Connection: close`, until
-quiet or MMC_DRAIN_SECONDS), then refuses new connections on its socket and leaves the port to
-the others; a second signal is passed on too (the workers stop at once). A worker that dies
-unexpectedly is started again; one that keeps dying within seconds of its start stops the whole
-server (bad flags, a broken model repository: a loop of restarts would only hide it).
+quiet or MMC_DRAIN_SECONDS), then closes its socket and exits; a second signal is passed on
+too (the workers stop at once). A worker that dies unexpectedly is started again; it opens its
+socket only once its models are loaded, so until then the kernel gives new connections to the
+others. One that keeps dying within seconds of its start stops the whole server (bad flags, a
+broken model repository: a loop of restarts would only hide it). A worker whose supervisor is
+gone (even by SIGKILL) drains and exits: it checks its parent once a second, as gunicorn's
+workers do.
 
 The workers share a folder (MMC_SERVE_WORKER_DIR) where each publishes its statistics, so
 /metrics and the statistics APIs answer for all of them (serving/siblings.py).
@@ -20,23 +23,17 @@ The workers share a folder (MMC_SERVE_WORKER_DIR) where each publishes its stati
 
 from __future__ import annotations
 
-import asyncio
-import ctypes
 import logging
 import math
 import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from serving import parking
 
 log = logging.getLogger("uvicorn.error")
 
@@ -87,15 +84,10 @@ def resolve_workers(value: str) -> int:
     return n
 
 
-def follow_supervisor() -> None:
-    """In a worker, first thing: be sent SIGTERM (and so drain) if the supervisor dies, even by
-    SIGKILL, so no worker is left holding the port; exit now if it already has."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (AttributeError, OSError):
-        return
-    if str(os.getppid()) != os.environ.get(ENV_SUPERVISOR_PID):
-        raise SystemExit(0)  # it died before the line above: nobody to serve for
+def supervisor_gone() -> bool:
+    """In a worker: whether the supervisor that started it has died (the worker was handed to
+    another parent); then the worker drains and exits, so none is left holding the port."""
+    return is_worker() and str(os.getppid()) != os.environ.get(ENV_SUPERVISOR_PID)
 
 
 @dataclass
@@ -119,7 +111,6 @@ class Supervisor:
     workers: list[_Worker] = field(default_factory=list)
     folder: str = ""
     _signals: list[int] = field(default_factory=list)
-    parking: parking.Parking | None = None
     _exit_code: int = 0
 
     def run(self) -> int:
@@ -129,8 +120,6 @@ class Supervisor:
             signal.signal(sig, lambda s, _f: self._signals.append(s))
         try:
             self.workers = [_Worker(i) for i in range(self.count)]
-            if self.count > 1 and parking.enabled():
-                self.parking = parking.Parking(self.folder, self.count)
             for w in self.workers:
                 self._start(w)
             log.warning("mmc-serve: %d workers on %s (pids %s)", self.count, self.address,
@@ -177,9 +166,6 @@ class Supervisor:
                 log.warning("mmc-serve: worker %d (pid %d) exited with status %s; starting it "
                             "again in %g s", w.index, w.process.pid, code, delay)
                 w.restart_at = now + delay
-            if self.parking is not None:
-                self.parking.tick([w.process.pid for w in self.workers
-                                   if w.process and w.restart_at is None])
             time.sleep(0.1)
 
     def _stop(self) -> int:
@@ -225,64 +211,15 @@ def is_restart() -> bool:
     return is_worker() and os.environ.get(ENV_RESTART) == "1"
 
 
-_SO_ATTACH_FILTER, _SO_DETACH_FILTER = 26, 27  # Linux <asm-generic/socket.h>
-#: A classic BPF program of one instruction, `ret #0`: drop the packet.
-_DROP_ALL = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0))
-
-
-def refuse_new_connections(listener) -> bool:
-    """Make the kernel drop new connection attempts (SYNs) to `listener` while the ones it
-    already completed wait in the accept queue: closing a listener resets those, after their
-    clients have sent a request. A dropped SYN is sent again a second later, and finds the next
-    process listening, or a refusal it may retry. Linux only: False elsewhere or on failure."""
-    return _drop_filter(listener, True)
-
-
-def admit_new_connections(listener) -> bool:
-    """Undo refuse_new_connections: the kernel completes connections to `listener` again."""
-    return _drop_filter(listener, False)
-
-
-def _drop_filter(listener, drop: bool) -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        with socket.socket(fileno=os.dup(listener.fileno())) as sock:
-            if drop:
-                program = struct.pack("HP", 1, ctypes.addressof(_DROP_ALL))
-                sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, program)
-            else:
-                sock.setsockopt(socket.SOL_SOCKET, _SO_DETACH_FILTER, 0)
-    except OSError as exc:
-        log.warning("cannot %s new connections: %s", "hold off" if drop else "admit", exc)
-        return False
-    return True
-
-
-async def stop_listening(servers) -> None:
-    """Close asyncio listeners without resetting connections the kernel already completed:
-    refuse new ones first, let the loop take those queued, then close (shared by a parked
-    worker's HTTP and gRPC listeners, and a worker's shutdown)."""
-    if any([refuse_new_connections(sock) for server in servers for sock in server.sockets or ()]):
-        await asyncio.sleep(0.05)
-    for server in servers:
-        server.close()
-
-
-def reuse_port_listener(host: str, port: int, backlog: int = 2048, *,
-                        refuse: bool = False) -> socket.socket:
+def reuse_port_listener(host: str, port: int, backlog: int = 2048) -> socket.socket:
     """A listening socket on host:port that other workers of this server share (SO_REUSEPORT);
-    OSError when the port is taken by anything else. `refuse`: it drops new connection attempts
-    from its first moment (refuse_new_connections before listen: a connection the kernel
-    completed between the two would reach a worker that cannot answer yet)."""
+    OSError when the port is taken by anything else."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
-        if refuse:
-            refuse_new_connections(sock)
         sock.listen(backlog)
     except OSError:
         sock.close()

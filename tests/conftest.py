@@ -18,9 +18,6 @@ CLUSTERED = bool(os.environ.get("REDIS_URL"))
 # kill -9 of it); `--workers auto` would make each a supervisor of several here. The specs of
 # several workers (tests/serving/test_workers.py) ask for them by name.
 os.environ.setdefault("MMC_SERVE_WORKERS", "1")
-# Workers keep listening whatever else runs on the machine (serving.parking would park one
-# beside a busy neighbour); the parking specs turn it on.
-os.environ.setdefault("MMC_SERVE_PARKING", "off")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -40,6 +40,25 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _listening(pids: set[int], port: int) -> set[int]:
+    """Which of `pids` hold a socket listening on `port` (/proc/net/tcp*, /proc/PID/fd)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    found = set()
+    for pid in pids:
+        try:
+            links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        except OSError:
+            continue
+        if any(f"socket:[{inode}]" in links for inode in inodes):
+            found.add(pid)
+    return found
+
+
 def _wait(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -104,29 +123,80 @@ def test_a_worker_that_dies_is_started_again_and_the_port_keeps_answering(two_wo
     os.kill(victim, signal.SIGKILL)
     _wait(lambda: len(_children(two_workers.proc.pid) - before) == 1, 30, "a new worker")
     assert victim not in _children(two_workers.proc.pid)
-    # At once, while the new worker loads its models: the connections the kernel gives it
-    # wait (their clients retry) until it can answer; none is told "starting".
+    # At once, while the new worker loads its models: it does not listen yet, so the kernel
+    # gives every new connection to the other; none is told "starting".
     _infer_on_new_connections(two_workers, 16)
     assert two_workers.proc.poll() is None
+    # ... and once it has loaded them it listens beside the other: two workers take the port
+    workers = _children(two_workers.proc.pid)
+    _wait(lambda: _listening(workers, two_workers.port) == workers, 60, "both to listen")
 
 
-def test_a_restarted_workers_socket_completes_no_connection_until_it_is_admitted():
-    """A restarted worker listens refusing from its first moment: a connection completed
-    before the refusal would wait in its queue and then be told "starting"."""
-    listener = supervisor.reuse_port_listener("127.0.0.1", 0, refuse=True)
-    port = listener.getsockname()[1]
-    try:
-        with pytest.raises(TimeoutError):  # the SYN is dropped: no handshake
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        with pytest.raises(BlockingIOError):  # and nothing waits in the accept queue
-            listener.accept()
-        assert supervisor.admit_new_connections(listener)
-        with socket.create_connection(("127.0.0.1", port), timeout=5):
-            listener.settimeout(5)
-            accepted, _ = listener.accept()
-            accepted.close()
-    finally:
-        listener.close()
+class _Loading:
+    """An app whose models load until `loaded` is set: what a restarted worker serves."""
+
+    def __init__(self) -> None:
+        self.loaded = False
+        self.dataplane = self  # DrainingServer asks app.dataplane.ready()
+
+    def ready(self) -> tuple[bool, str]:
+        return self.loaded, "loading"
+
+    async def __call__(self, scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+def test_a_restarted_worker_listens_only_once_its_models_are_loaded():
+    """Held (a worker started again while the others serve), it opens its SO_REUSEPORT socket
+    once ready: until then the kernel gives new connections to the workers listening, and no
+    client is told "starting"."""
+    import asyncio
+
+    import uvicorn
+
+    from serving.cli import DrainingServer
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    app = _Loading()
+    server = DrainingServer(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off",
+                                           log_level="warning"), app=app, held=True)
+
+    async def scenario() -> None:
+        serving = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        with pytest.raises(ConnectionRefusedError):  # not listening at all while it loads
+            await asyncio.open_connection("127.0.0.1", port)
+        app.loaded = True
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                break
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline, "never listened once ready"
+                await asyncio.sleep(0.05)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert (await reader.read()).startswith(b"HTTP/1.1 200")
+        writer.close()
+        server.should_exit = True
+        await serving
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_knows_when_its_supervisor_is_gone(monkeypatch):
+    monkeypatch.setenv(supervisor.ENV_WORKER_INDEX, "0")
+    monkeypatch.setenv(supervisor.ENV_SUPERVISOR_PID, str(os.getppid()))
+    assert not supervisor.supervisor_gone()
+    monkeypatch.setenv(supervisor.ENV_SUPERVISOR_PID, str(os.getpid()))  # not its parent
+    assert supervisor.supervisor_gone()
+    monkeypatch.delenv(supervisor.ENV_WORKER_INDEX)  # a lone process has no supervisor
+    assert not supervisor.supervisor_gone()
 
 
 def test_sigterm_drains_every_worker_then_the_server_exits_0(two_workers):
