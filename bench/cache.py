@@ -103,9 +103,9 @@ class InProcess:
         import asyncio
 
         from registry.signatures import read_signature
-        from serving.dataplane import DataPlane
-        from serving.reconciler import Reconciler
-        from serving.sources import RepositorySource
+        from serving.core.dataplane import DataPlane
+        from serving.core.reconciler import Reconciler
+        from serving.sources.repository import RepositorySource
 
         self.loop = asyncio.new_event_loop()
         self.dataplane = DataPlane(replica="bench", response_cache_bytes=256 << 20)
@@ -114,12 +114,12 @@ class InProcess:
         self.loop.run_until_complete(self.reconciler.reconcile())
 
     def post(self, path: str, content: bytes, headers: dict):
-        from serving.codec import decode_infer_request
+        from serving.http.codec import decode_infer_request
 
         model = path.split("/")[-2]
         hlen = headers.get("Inference-Header-Content-Length")
         request = decode_infer_request(content, header_length=int(hlen) if hlen else None)
-        self.loop.run_until_complete(self.dataplane.infer(model, None, request))
+        self.loop.run_until_complete(self.dataplane.predict(model, None, request))
         return httpx.Response(200)
 
     def get(self, path: str):

@@ -51,7 +51,7 @@ def build(models: int, versions: int) -> object:
         RouteRevision,
     )
     from registry.services import ensure_roles
-    from serving.stats import LATENCY_BUCKETS_S
+    from serving.core.stats import LATENCY_BUCKETS_S
 
     ensure_roles()
     user = User.objects.create_user("bench-engineer", password="x")
@@ -116,7 +116,7 @@ def build_history(days: int, deployments: int) -> int:
     from django.conf import settings
 
     from registry.models import Endpoint, MetricSample
-    from serving.stats import LATENCY_BUCKETS_S
+    from serving.core.stats import LATENCY_BUCKETS_S
 
     width = settings.METRICS_BUCKET_SECONDS
     now = int(time.time())

@@ -9,7 +9,7 @@ What it does:
 - builds the sample MLP and a Tile model (a 256-byte input asks for a 1 MiB answer) with the
   repo's `registry.samples` / `onnx.helper`, and starts, one at a time, on free loopback ports:
   `ours-grpcio`: `.venv/bin/mmc-serve --model-repository DIR --grpc-port P` with its default
-  limits (serving.limits.EdgeLimits) and MMC_GRPC_TRANSPORT=grpcio (grpcio's asyncio server);
+  limits (serving.edge_limits.EdgeLimits) and MMC_GRPC_TRANSPORT=grpcio (grpcio's asyncio server);
   `ours-fast`: the same with MMC_GRPC_TRANSPORT=fast (our own HTTP/2 transport, the default);
   `grpcio-ref`: grpcio's asyncio server with a trivial generic unary servicer (an empty
   ModelInferResponse; 1 MiB of output for model `tile`), max_receive_message_length 64 MiB and

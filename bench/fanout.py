@@ -204,7 +204,7 @@ class SimulatedReplica:
         self.applied: dict[int, float] = {}  # revision -> when its table was in
 
     def poll(self) -> None:
-        from serving.stats import VersionStats
+        from serving.core.stats import VersionStats
 
         revision = self.recorder.call("revision poll", self.source.revision)
         if revision == self.seen:
@@ -217,7 +217,7 @@ class SimulatedReplica:
 
     def first_fetch(self) -> None:
         """A replica's start: the whole table, before the timed window (no heartbeat yet)."""
-        from serving.stats import VersionStats
+        from serving.core.stats import VersionStats
 
         self.seen = self.recorder.call("revision poll", self.source.revision)
         desired = self.recorder.call("route fetch", self.source.fetch)
@@ -225,7 +225,7 @@ class SimulatedReplica:
         self.revision = desired.revision
 
     def heartbeat(self) -> None:
-        from serving.routes import ObservedState
+        from serving.core.desired_state import ObservedState
 
         versions = {f"{m}:{v}": {"state": "READY", "reason": None,
                                  "providers": ["CPUExecutionProvider"], "queue_depth": 0,

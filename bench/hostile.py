@@ -49,7 +49,7 @@ OUR_PY = REPO / ".venv" / "bin" / "python"
 OUR_SERVE = REPO / ".venv" / "bin" / "mmc-serve"
 RESULTS = BENCH / "results" / "hostile-latest.md"
 MIB = 1 << 20
-# what the server's default limits are (serving.limits.EdgeLimits); read from the environment
+# what the server's default limits are (serving.edge_limits.EdgeLimits); read from the environment
 # like the server does, so a run with other MMC_* settings waits long enough
 HEADER_TIMEOUT_S = float(os.environ.get("MMC_HEADER_TIMEOUT_S", 10))
 BODY_IDLE_TIMEOUT_S = float(os.environ.get("MMC_BODY_IDLE_TIMEOUT_S", 10))

@@ -7,7 +7,8 @@
 Bodies: the bench's conv input (1×3×224×224 FP32, three decimals, ~0.96 MB, flat and nested)
 and its MLP input (1×64). Candidates:
 - `general`: orjson.loads, then np.asarray of the Python floats (the parser before the fast path);
-- `fast`: serving.codec.decode_infer_request as shipped (serving.json_numbers for bodies of
+- `fast`: serving.http.codec.decode_infer_request as shipped (serving.http.json_numbers for
+  bodies of
   16 KiB or more: simdjson straight into a numpy buffer, orjson for anything unusual);
 - `orjson only`: orjson.loads alone, no numpy (the floor for any orjson-based path);
 - `fromstring`: the `data` span cut out by hand and given to np.fromstring(sep=",") (no
@@ -33,7 +34,7 @@ import numpy as np
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from serving.codec import decode_infer_request  # noqa: E402
+from serving.http.codec import decode_infer_request  # noqa: E402
 
 
 def bodies() -> dict[str, bytes]:

@@ -40,7 +40,7 @@ def main() -> None:
 
     from registry.metrics_retention import compact
     from registry.models import MetricSample
-    from serving.stats import LATENCY_BUCKETS_S
+    from serving.core.stats import LATENCY_BUCKETS_S
 
     call_command("migrate", verbosity=0)
     db = Path(settings.DATABASES["default"]["NAME"])

@@ -1,5 +1,6 @@
 """ASGI entry point. Embedded mode: one process serves the console (Django) and the data plane
-(serving.app, mounted at /v2, /ping, /invocations, /metrics, with no Django on its request path).
+(serving.http.app, mounted at /v2, /ping, /invocations, /metrics, with no Django on its request
+path).
 Clustered mode: the console process serves Django only; `mmc-serve --registry` replicas serve."""
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from registry.logfilters import database_unavailable  # noqa: E402
 from registry.replica_api import PREFIX as REPLICA_API  # noqa: E402
 from registry.replica_api import replica_api  # noqa: E402
 from registry.store.artifacts import default_store  # noqa: E402
-from serving.limits import EdgeLimits  # noqa: E402
+from serving.edge_limits import EdgeLimits  # noqa: E402
 
 log = logging.getLogger(__name__)
 SERVING_PREFIXES = ("/v2", "/ping", "/invocations", "/metrics")
@@ -59,7 +60,7 @@ UPLOADS = UploadSlots()
 
 def _build_serving():
     from registry.serving_source import RegistrySource
-    from serving.app import create_app
+    from serving.http.app import create_app
 
     return create_app(RegistrySource(address=os.environ.get("MMC_REPLICA_ADDRESS", "embedded")),
                       replica=os.environ.get("MMC_REPLICA", "embedded"))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from django.urls import reverse
 
-from serving.pipeline_graph import PipelineGraph
+from serving.core.pipeline_graph import PipelineGraph
 
 COLUMN = 230  # horizontal distance between columns
 BOX_W, BOX_H = 170, 54

@@ -7,8 +7,8 @@ import json
 import math
 import shlex
 
-from serving.dtypes import NUMPY_TYPE_NAMES
-from serving.signature import example_data, example_shape
+from serving.core.dtypes import NUMPY_TYPE_NAMES
+from serving.core.tensor_signature import example_data, example_shape
 
 #: Above this many elements an input is not prefilled (the page would be megabytes).
 MAX_PREFILL = 20_000

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from serving.signature import batch_dimension
+from serving.core.tensor_signature import batch_dimension
 
 if TYPE_CHECKING:
     from registry.models import ModelVersion

@@ -56,7 +56,8 @@ class VersionStatus(ChoiceSet):
 
 
 class GraphOptimizationLevel(ChoiceSet):
-    """onnxruntime's graph optimisation level for a version (serving.runtime maps it to ORT's)."""
+    """onnxruntime's graph optimisation level for a version (serving.core.runtime maps it to
+    ORT's)."""
 
     DISABLE = "disable", "disable"
     BASIC = "basic", "basic"

@@ -27,7 +27,7 @@ from onnx.reference import ReferenceEvaluator
 
 from registry.errors import ConversionRefused
 from registry.signatures import extract_signature
-from serving.dtypes import NUMPY_DTYPES
+from serving.core.dtypes import NUMPY_DTYPES
 
 #: Generated inputs: a fixed seed, so a refusal or a max abs diff can be reproduced.
 SEED = 0

@@ -23,7 +23,7 @@ from django.db.models.functions import Cast, RowNumber
 from django.utils import timezone
 
 from registry.models import MetricSample
-from serving.stats import LATENCY_BUCKETS_S, quantile_from_buckets, quantiles_from_bucket_rows
+from serving.core.stats import LATENCY_BUCKETS_S, quantile_from_buckets, quantiles_from_bucket_rows
 
 # Point width of each tier after the fine one (level 0 is METRICS_BUCKET_SECONDS wide).
 TIER_SECONDS = {1: 60, 2: 600}

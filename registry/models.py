@@ -19,7 +19,7 @@ from registry.choices import (  # re-exported here
     VersionStatus,
 )
 from registry.routing import RolloutState, Routing
-from serving.ratelimit import Limits
+from serving.core.rate_limits import Limits
 
 SLUG = RegexValidator(
     r"^[a-z0-9][a-z0-9_.-]{0,99}$",

@@ -1,7 +1,7 @@
 """The replica API: how a serving replica with no database settings follows the control plane.
 
     GET    /api/v1/replica/desired-state[?wait=S]   If-None-Match: "r<revision>"
-    PUT    /api/v1/replica/heartbeats/<replica>     (its observed state, serving.state_wire)
+    PUT    /api/v1/replica/heartbeats/<replica>     (its observed state, serving.core.state_wire)
     DELETE /api/v1/replica/heartbeats/<replica>     (a graceful stop)
     GET    /api/v1/replica/artifacts/<sha256>       (an artifact the desired state references)
 
@@ -39,7 +39,7 @@ from registry.services import analysis_watch
 from registry.services.replicas import credential_check, heartbeat_store, replica_leave
 from registry.serving_source import build_desired_state
 from registry.store.artifacts import ArtifactUnavailable, default_store
-from serving.state_wire import WireError, decode_observed, encode_desired
+from serving.core.state_wire import WireError, decode_observed, encode_desired
 
 log = logging.getLogger(__name__)
 

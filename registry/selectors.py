@@ -26,8 +26,8 @@ from registry.models import (
     ReplicaHeartbeat,
     VersionStatus,
 )
-from serving.ratelimit import PROCESS_STORE, quota_key, quota_store, utc_day
-from serving.routes import SCALED_TO_ZERO
+from serving.core.desired_state import SCALED_TO_ZERO
+from serving.core.rate_limits import PROCESS_STORE, quota_key, quota_store, utc_day
 
 log = logging.getLogger(__name__)
 

@@ -32,11 +32,17 @@ from registry.services.loadtests import versions_under_test
 from registry.services.pipelines import batch_size
 from registry.services.replicas import heartbeat_store, replica_leave
 from registry.store.artifacts import ArtifactUnavailable, default_store
-from serving.errors import Conflict, Forbidden, InvalidInput, ModelNotFound, Unauthorized
-from serving.pipeline_graph import PipelineGraph
-from serving.ratelimit import NO_LIMITS, Limits, PredictKey
-from serving.reconciler import LoadFailed
-from serving.routes import BatchingConfig, DesiredState, ModelRoute, ObservedState, VersionSpec
+from serving.core.desired_state import (
+    BatchingConfig,
+    DesiredState,
+    ModelRoute,
+    ObservedState,
+    VersionSpec,
+)
+from serving.core.errors import Conflict, Forbidden, InvalidInput, ModelNotFound, Unauthorized
+from serving.core.pipeline_graph import PipelineGraph
+from serving.core.rate_limits import NO_LIMITS, Limits, PredictKey
+from serving.core.reconciler import LoadFailed
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +170,7 @@ def model_route(model: str, routing: Routing[ModelVersion], keys: dict[str, Pred
 
 
 class RegistrySource:
-    """DesiredStateSource backed by the registry database (see serving/routes.py)."""
+    """DesiredStateSource backed by the registry database (see serving/core/desired_state.py)."""
 
     def __init__(self, *, address: str = ""):
         self.address = address or socket.gethostname()

@@ -4,7 +4,7 @@ can load the model; and whether a candidate's signature can take the stable's tr
 
 Format: {"inputs": [{"name", "datatype", "shape"}], "outputs": [...], "ir_version",
 "opsets": {domain: version}, "producer": "name version"}; -1 marks a dynamic dimension and
-shape None an unknown rank. Requests are checked against it by serving/signature.py.
+shape None an unknown rank. Requests are checked against it by serving/core/tensor_signature.py.
 """
 
 from __future__ import annotations

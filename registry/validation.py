@@ -27,8 +27,8 @@ from registry.signatures import (
     runtime_too_new,
 )
 from registry.store.artifacts import ArtifactUnavailable, default_store
-from serving.runtime import OnnxRuntime, select_providers
-from serving.signature import DEFAULT_MAX_BATCH_SIZE, batch_dimension
+from serving.core.runtime import OnnxRuntime, select_providers
+from serving.core.tensor_signature import DEFAULT_MAX_BATCH_SIZE, batch_dimension
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3

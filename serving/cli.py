@@ -23,21 +23,21 @@ import time
 
 import uvicorn
 
-from serving import supervisor
-from serving.replica_address import advertised_url
+from serving.process import supervisor
+from serving.process.replica_address import advertised_url
 
 _ENV_REPO = "MMC_SERVE_MODEL_REPOSITORY"
 _ENV_REGISTRY = "MMC_SERVE_REGISTRY"
 _ENV_TOKEN = "MMC_REPLICA_TOKEN"
 _ENV_REPLICA = "MMC_SERVE_REPLICA"
-_PROTOCOL = "serving.protocol:GuardedHttpToolsProtocol"
+_PROTOCOL = "serving.http.protocol:GuardedHttpToolsProtocol"
 
 
 def _source(repository: str | None, registry: str):
     """The desired-state source: the control plane over HTTP (`registry` a URL), the registry's
     database (`registry` "1"), or a model repository folder."""
     if registry.startswith(("http://", "https://")):
-        from serving.http_source import HttpRegistrySource
+        from serving.sources.control_plane import HttpRegistrySource
 
         return HttpRegistrySource(
             registry, _replica_token(), address=os.environ.get("MMC_REPLICA_ADDRESS", ""),
@@ -51,7 +51,7 @@ def _source(repository: str | None, registry: str):
 
         return RegistrySource(address=os.environ.get("MMC_REPLICA_ADDRESS", ""))
     from registry.signatures import read_signature
-    from serving.sources import RepositorySource
+    from serving.sources.repository import RepositorySource
 
     return RepositorySource(repository, read_signature=read_signature)
 
@@ -202,11 +202,12 @@ def serve(app, *, serving=None, sockets=None, held: bool = False, **options) -> 
     the signal and its settings.drain_seconds (MMC_DRAIN_SECONDS) bound the window. For any
     process that serves this data plane: mmc-serve, and the embedded console
     (`serve(console.asgi.application, serving=console.asgi.serving_app, ...)`). `sockets`: an
-    already bound listener to serve on (a worker of serving.supervisor) instead of host:port."""
-    from serving.app import DEFAULT_DRAIN_SECONDS
-    from serving.limits import raise_open_files_limit
+    already bound listener to serve on (a worker of serving.process.supervisor) instead of
+    host:port."""
+    from serving.edge_limits import raise_open_files_limit
+    from serving.http.app import DEFAULT_DRAIN_SECONDS
 
-    raise_open_files_limit()  # the connection budget counts on it (serving.limits.EdgeLimits)
+    raise_open_files_limit()  # the connection budget counts on it (serving.edge_limits.EdgeLimits)
     serving = app if serving is None else serving
     seconds = getattr(getattr(serving, "settings", None), "drain_seconds", DEFAULT_DRAIN_SECONDS)
     server = DrainingServer(uvicorn.Config(app, **options), app=serving, drain_seconds=seconds,
@@ -241,7 +242,7 @@ def app_from_env():
     """The app as the environment describes it (main() writes it; a supervised worker reads
     what its supervisor's main() wrote). Worker i of several reports as replica `<id>-w<i>`:
     stable across the worker's restarts, so its successor takes over its row."""
-    from serving.app import create_app
+    from serving.http.app import create_app
 
     source = _source(os.environ.get(_ENV_REPO), os.environ.get(_ENV_REGISTRY, ""))
     replica = os.environ.get(_ENV_REPLICA) or socket.gethostname()
@@ -301,12 +302,12 @@ def main(argv: list[str] | None = None) -> None:
             os.environ.get("MMC_REPLICA_ADDRESS", ""), host=args.host, port=args.port)
     else:
         os.environ[_ENV_REPO] = os.path.abspath(args.model_repository)
-    # httptools plus header timeout, header size and connection caps (serving.protocol)
+    # httptools plus header timeout, header size and connection caps (serving.http.protocol)
     options = dict(host=args.host, port=args.port, loop="uvloop", http=_PROTOCOL,
                    lifespan="on", access_log=False, log_level=args.log_level,
                    timeout_graceful_shutdown=5)
     if workers > 1:
-        from serving.app import ServingSettings
+        from serving.http.app import ServingSettings
 
         # Each worker: this same command as one process on the supervisor's socket.
         command = [sys.executable, "-m", "serving.cli", *(argv if argv is not None

@@ -26,7 +26,7 @@ from pathlib import Path
 from hpack import Decoder
 from hpack.exceptions import HPACKError
 
-from serving.http2 import frame, header_field
+from serving.grpc.http2 import frame, header_field
 
 HOST = "127.0.0.1"
 MIB = 1 << 20
@@ -54,7 +54,7 @@ MAX_FRAME = 16_384  # every server's default SETTINGS_MAX_FRAME_SIZE: what a cli
 
 def literal(name: bytes, value: bytes) -> bytes:
     """One header field, literal without indexing: no HPACK state on either side to track (the
-    wire encoding is serving.http2's: an attacker speaks the same HPACK)."""
+    wire encoding is serving.grpc.http2's: an attacker speaks the same HPACK)."""
     return header_field(name, value)
 
 

@@ -12,11 +12,11 @@ import onnx
 
 from registry import samples
 from registry.signatures import extract_signature
-from serving.app import ServingApp, ServingSettings
-from serving.dataplane import DataPlane
-from serving.ratelimit import Admission
-from serving.reconciler import Reconciler
-from serving.routes import BatchingConfig, DesiredState, ModelRoute, VersionSpec
+from serving.core.dataplane import DataPlane
+from serving.core.desired_state import BatchingConfig, DesiredState, ModelRoute, VersionSpec
+from serving.core.rate_limits import Admission
+from serving.core.reconciler import Reconciler
+from serving.http.app import ServingApp, ServingSettings
 
 ROW = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.25] * 64}]}
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from registry import metrics_retention, services
 from registry.audit import Actor
 from registry.models import AuditEvent, MetricSample
-from serving.stats import LATENCY_BUCKETS_S
+from serving.core.stats import LATENCY_BUCKETS_S
 
 HOUR = 3600
 CANARY_AT, WEIGHT_AT, PROMOTE_AT = 20 * HOUR, 19 * HOUR, 18 * HOUR  # seconds ago

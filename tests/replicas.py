@@ -59,7 +59,7 @@ class Replica:
         if embedded:
             cmd = [sys.executable, "-m", "uvicorn", "console.asgi:application", "--port",
                    str(self.port), "--lifespan", "on", "--no-access-log", "--log-level", "warning",
-                   "--http", "serving.protocol:GuardedHttpToolsProtocol"]  # as `manage.py start`
+                   "--http", "serving.http.protocol:GuardedHttpToolsProtocol"]  # as manage.py start
             env.setdefault("MMC_EMBED_SERVING", "1")
             env.setdefault("MMC_REPLICA", name)
         else:

@@ -1,8 +1,9 @@
 """The shape of the code, as docs/architecture.md describes it: no import cycles in `registry` or
 `serving` (function-local imports count: hiding a cycle inside a function is still a cycle),
 every `registry` module sits in one of its layers and imports only from its own layer or the
-ones below, and the data plane imports neither Django nor the registry (nor onnx) outside its
-composition root, `serving/cli.py`."""
+ones below, `serving`'s sub-packages likewise (core, then sources and process, then the gRPC and
+HTTP transports, then the composition root), and the data plane imports neither Django nor the
+registry (nor onnx) outside its composition root, `serving/cli.py`."""
 
 from __future__ import annotations
 
@@ -31,6 +32,16 @@ LAYERS = [
      "registry.apps", "registry.migrations"),
 ]
 SERVING_ROOT = "serving.cli"  # the one place the data plane may be wired to Django/the registry
+# serving's sub-packages, lowest first (docs/architecture.md): the protocol core knows no
+# transport and no process model; the transports sit on it; the HTTP app also starts the gRPC
+# front; the composition root wires a source to them.
+SERVING_LAYERS = [
+    ("serving.core", "serving.edge_limits"),
+    ("serving.sources", "serving.process"),
+    ("serving.grpc",),
+    ("serving.http",),
+    ("serving.cli",),
+]
 
 
 def module_name(path: Path) -> str:
@@ -105,8 +116,8 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def layer_of(module: str) -> int | None:
-    for i, prefixes in enumerate(LAYERS):
+def layer_of(module: str, layers: list = LAYERS) -> int | None:
+    for i, prefixes in enumerate(layers):
         if any(module == p or module.startswith(p + ".") for p in prefixes):
             return i
     return None
@@ -148,3 +159,30 @@ def test_the_data_plane_imports_no_django_registry_or_onnx_outside_its_compositi
             if imported.split(".")[0] in ("django", "registry", "console", "onnx"):
                 offending.append(f"{name} imports {imported}")
     assert offending == []
+
+
+def test_every_serving_module_sits_in_a_sub_package_layer():
+    unplaced = [m for m in graph() if m.startswith("serving.")
+                and layer_of(m, SERVING_LAYERS) is None]
+    assert unplaced == []
+
+
+def test_serving_imports_only_point_down_its_layers():
+    def layer(m: str) -> int | None:
+        return layer_of(m, SERVING_LAYERS)
+
+    upward = [f"{m} (layer {layer(m)}) imports {d} (layer {layer(d)})"
+              for m, deps in graph().items() if m.startswith("serving.")
+              for d in deps if d.startswith("serving.")
+              and None not in (layer(m), layer(d)) and layer(d) > layer(m)]
+    assert upward == []
+
+
+def test_the_protocol_core_returns_tensors_and_knows_no_transport():
+    """Nothing in serving.core imports a transport, a process model or a source, and nothing
+    there mentions HTTP answers' bytes: DataPlane.predict returns numpy outputs."""
+    core = {m: deps for m, deps in graph().items() if m.startswith("serving.core")}
+    assert core and all(d.startswith("serving.core") for deps in core.values()
+                        for d in deps if d.startswith("serving."))
+    dataplane = (REPO / "serving" / "core" / "dataplane.py").read_text()
+    assert "encode_infer_response" not in dataplane and "async def infer(" not in dataplane

@@ -15,8 +15,8 @@ from registry import samples, services
 from registry.audit import Actor
 from registry.models import AuditEvent, Endpoint
 from registry.serving_source import build_desired_state
-from serving.dataplane import _authorize
-from serving.errors import Unauthorized
+from serving.core.dataplane import _authorize
+from serving.core.errors import Unauthorized
 from tests.conftest import CLUSTERED
 from tests.replicas import replicas, wait_until
 

@@ -179,7 +179,7 @@ def names_the_code_reads() -> set[str]:
     """Environment variables read by the settings, the data plane and the ASGI entry."""
     names = set()
     sources = [REPO / "console" / "settings.py", REPO / "console" / "asgi.py",
-               *sorted((REPO / "serving").glob("*.py"))]
+               *sorted((REPO / "serving").rglob("*.py"))]
     for path in sources:
         text = path.read_text()
         names |= set(re.findall(r'\benv(?:\.\w+)?\(\s*"([A-Z][A-Z0-9_]*)"', text))

@@ -11,7 +11,7 @@ import pytest
 from registry import metrics_retention
 from registry.metrics import record_samples, version_series, version_window
 from registry.models import MetricSample
-from serving.stats import LATENCY_BUCKETS_S
+from serving.core.stats import LATENCY_BUCKETS_S
 
 pytestmark = pytest.mark.django_db
 

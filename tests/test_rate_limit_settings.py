@@ -14,8 +14,8 @@ from registry import samples, services
 from registry.audit import Actor
 from registry.models import AuditEvent, Endpoint, EndpointApiKey
 from registry.serving_source import build_desired_state
-from serving.ratelimit import Limits, PredictKey, quota_store
-from serving.routes import api_key_hash
+from serving.core.desired_state import api_key_hash
+from serving.core.rate_limits import Limits, PredictKey, quota_store
 from tests.inprocess_replica import Clock, InProcessReplica
 
 pytestmark = pytest.mark.django_db(transaction=True)

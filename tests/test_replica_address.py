@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 import serving.cli
-from serving.replica_address import advertised_url, replica_url
+from serving.process.replica_address import advertised_url, replica_url
 from tests import kube
 from tests.embedded import embedded_start
 

@@ -17,7 +17,7 @@ from registry.notify import bump_revision, current_revision
 from registry.services.rollouts import housekeeping
 from registry.serving_source import RegistrySource
 from registry.store.space import GIB
-from serving.routes import ObservedState
+from serving.core.desired_state import ObservedState
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

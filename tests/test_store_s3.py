@@ -76,7 +76,7 @@ def test_upload_validate_download_and_serve_from_the_object_store(engineer, s3, 
                                                                   tmp_path):
     from registry.models import ModelVersion
     from registry.serving_source import RegistrySource, _spec
-    from serving.reconciler import load_version
+    from serving.core.reconciler import load_version
 
     model = samples.mlp()
     assert engineer.post("/api/v1/models/", {"name": "s3m"}, format="json").status_code == 201

@@ -94,7 +94,7 @@ def test_a_read_only_token_of_an_admin_cannot_mutate_anything(client_for, users,
 
 def test_read_only_tokens_cannot_load_or_unload_through_a_replica(users):
     from registry.serving_source import RegistrySource
-    from serving.errors import Forbidden
+    from serving.core.errors import Forbidden
 
     _, raw = token_create(username="admin", name="ro", read_only=True, actor=Actor.system("t"))
     with pytest.raises(Forbidden, match="read-only"):
@@ -192,9 +192,9 @@ def test_the_last_active_admin_cannot_demote_or_deactivate_itself(admin, users):
 
 
 def test_required_keys_refuse_a_keyless_route_on_the_data_plane():
-    from serving.dataplane import _authorize, _opens
-    from serving.errors import Unauthorized
-    from serving.routes import ModelRoute, api_key_hash
+    from serving.core.dataplane import _authorize, _opens
+    from serving.core.desired_state import ModelRoute, api_key_hash
+    from serving.core.errors import Unauthorized
 
     open_route = ModelRoute(model="m", stable="1")
     assert not open_route.protected and _opens(open_route, None)

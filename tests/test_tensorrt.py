@@ -11,7 +11,7 @@ from django.db import transaction
 from registry import samples
 from registry.integrations.tensorrt import NO_GPU, cache_key, shape_profile
 from registry.models import AuditEvent
-from serving.runtime import gpu_available
+from serving.core.runtime import gpu_available
 
 pytestmark = pytest.mark.django_db(transaction=True)
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU on this machine")
@@ -109,7 +109,7 @@ def test_replicas_are_told_the_built_precision_and_the_shared_cache(ready_model,
     from registry.models import ModelVersion
     from registry.serving_source import _spec
     from registry.store.artifacts import default_store
-    from serving.trt_cache import engine_dir
+    from serving.core.trt_cache import engine_dir
 
     ready_model("fraud", samples.mlp())
     version = ModelVersion.objects.get(model__name="fraud", number=1)
@@ -145,7 +145,7 @@ def test_a_replica_loads_the_engine_the_build_job_made_instead_of_building(ready
     from registry.models import ModelVersion
     from registry.serving_source import _spec
     from registry.store.artifacts import default_store
-    from serving.reconciler import load_version
+    from serving.core.reconciler import load_version
 
     ready_model("fraud", samples.mlp())
     engineer.post("/api/v1/models/fraud/versions/1/tensorrt/", {"precision": "fp16"},

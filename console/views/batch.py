@@ -14,7 +14,7 @@ from registry.errors import RegistryError
 from registry.models import Dataset, VersionStatus
 from registry.services import jobs as job_services
 from registry.store.files import FileWriter
-from serving.signature import batch_dimension
+from serving.core.tensor_signature import batch_dimension
 
 from .access import requires, run_service
 from .models import found

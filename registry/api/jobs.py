@@ -149,8 +149,8 @@ class AsyncInferView(JobsPermission, APIView):
     def post(self, request, name):
         """Queue a v2 infer request (JSON, or binary with Inference-Header-Content-Length, or
         SageMaker's binary content type) up to MMC_ASYNC_MAX_BYTES; answers 202 with the job."""
-        from serving.codec import sagemaker_header_length
-        from serving.errors import InvalidInput
+        from serving.core.errors import InvalidInput
+        from serving.http.codec import sagemaker_header_length
 
         limit = settings.ASYNC_MAX_BYTES
         _check_declared(request, limit, "request body")

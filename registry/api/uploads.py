@@ -177,7 +177,7 @@ async def receive_into_store(receive, *, idle_timeout_s: float = 0.0,
     GIL) run in one thread of their own, a megabyte at a time, while the event loop receives
     the next one. Raises, having removed what it wrote: PayloadTooLarge past the store's limit,
     RequestTimeout when no byte arrives for `idle_timeout_s` or, after that long, fewer than
-    `min_rate` bytes a second arrived on average (as the data plane's serving.limits), and
+    `min_rate` bytes a second arrived on average (as the data plane's serving.edge_limits), and
     InsufficientStorage when a local store's disk gets down to what it keeps free."""
     loop = asyncio.get_running_loop()
     store = default_store()

@@ -1,7 +1,7 @@
 """Export a model as a Triton model repository: `<model>/config.pbtxt` plus `<model>/<n>/model.onnx`
 per chosen version, as a streamed .tar.gz, for teams that move serving onto Triton/KServe while
 this console stays the registry. The config is the same document `/v2/models/{m}/config` serves
-(serving.dataplane.triton_model_config), written in protobuf text format."""
+(serving.core.dataplane.triton_model_config), written in protobuf text format."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from registry.errors import InvalidRequest, LifecycleError
 from registry.models import ModelVersion, VersionStatus
 from registry.selectors import endpoint_get, model_get, ready_versions
 from registry.store.artifacts import CHUNK, ArtifactStore, default_store
-from serving.dataplane import triton_ensemble_config, triton_model_config
-from serving.pipeline_graph import PipelineGraph
-from serving.signature import batch_dimension
+from serving.core.dataplane import triton_ensemble_config, triton_model_config
+from serving.core.pipeline_graph import PipelineGraph
+from serving.core.tensor_signature import batch_dimension
 
 FORMATS = ("triton", "kserve")  # kserve: registry/integrations/kserve.py
 KINDS = {"auto": None, "cpu": "KIND_CPU", "gpu": "KIND_GPU"}

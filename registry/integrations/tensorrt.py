@@ -17,9 +17,9 @@ from django.utils import timezone
 from registry.audit import Actor, record
 from registry.models import ModelVersion, VersionStatus
 from registry.store.artifacts import default_store
-from serving.runtime import CPU, TENSORRT, OnnxRuntime, gpu_available
-from serving.signature import batch_dimension
-from serving.trt_cache import (  # noqa: F401 - re-exported for callers and tests
+from serving.core.runtime import CPU, TENSORRT, OnnxRuntime, gpu_available
+from serving.core.tensor_signature import batch_dimension
+from serving.core.trt_cache import (  # noqa: F401 - re-exported for callers and tests
     PRECISIONS,
     cache_key,
     engine_dir,

@@ -15,8 +15,8 @@ from django.conf import settings
 from registry.jobs.lease import JobFailed, Lease, open_body, predict_rows, session_for
 from registry.models import Job
 from registry.store.files import atomic_write, job_dir
-from serving.codec import decode_infer_request, encode_infer_response
-from serving.signature import batch_dimension, validate_inputs, validate_outputs
+from serving.core.tensor_signature import batch_dimension, validate_inputs, validate_outputs
+from serving.http.codec import decode_infer_request, encode_infer_response
 
 NO_LIMIT = 1 << 62
 

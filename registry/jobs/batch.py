@@ -30,10 +30,11 @@ from registry.store.files import (
     job_dir,
     read_lines,
 )
-from serving.codec import InputTensor, RequestedOutput, decode_infer_request, encode_infer_response
-from serving.dtypes import DATATYPES
-from serving.errors import InvalidInput
-from serving.signature import validate_inputs
+from serving.core.dtypes import DATATYPES
+from serving.core.errors import InvalidInput
+from serving.core.tensor_signature import validate_inputs
+from serving.core.tensors import InputTensor, RequestedOutput
+from serving.http.codec import decode_infer_request, encode_infer_response
 
 PROGRESS_EVERY_S = 0.5
 

@@ -24,7 +24,7 @@ from registry.audit import Actor, record
 from registry.background import every
 from registry.models import Job, JobKind, JobStatus, ModelVersion
 from registry.store.artifacts import default_store
-from serving.runtime import OnnxRuntime, select_providers
+from serving.core.runtime import OnnxRuntime, select_providers
 
 log = logging.getLogger(__name__)
 HOST = socket.gethostname()

@@ -21,8 +21,8 @@ from django.conf import settings
 
 from registry.jobs.lease import JobFailed, Lease, LeaseLost
 from registry.models import Job, ReplicaHeartbeat
-from serving.routes import SCALED_TO_ZERO
-from serving.signature import example_data, example_shape
+from serving.core.desired_state import SCALED_TO_ZERO
+from serving.core.tensor_signature import example_data, example_shape
 
 PROGRESS_EVERY = 0.5
 REQUEST_TIMEOUT = 30.0

@@ -17,7 +17,7 @@ from registry.jobs.loadtest import run_loadtest
 from registry.models import Job, JobKind, JobStatus
 from registry.notify import bump_revision
 from registry.store.files import job_dir
-from serving.errors import ServingError
+from serving.core.errors import ServingError
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from registry.notify import bump_revision
 from registry.roles import ROLES
 from registry.services.catalog import lock_model
 from registry.services.deployments import endpoint_for_update
-from serving.routes import api_key_hash
+from serving.core.desired_state import api_key_hash
 
 
 def ensure_roles() -> None:

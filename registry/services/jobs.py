@@ -25,7 +25,7 @@ from registry.models import (
 )
 from registry.selectors import ready_version
 from registry.store.files import FileWriter, dataset_path, detect_format, inspect_dataset, job_dir
-from serving.signature import batch_dimension
+from serving.core.tensor_signature import batch_dimension
 
 OUTPUT_FORMATS = ("npy", "npz", "jsonl")
 MAX_CHUNK_ROWS = 1_000_000

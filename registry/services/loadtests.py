@@ -14,8 +14,8 @@ from registry.errors import InvalidRequest, LifecycleError, NotFound
 from registry.jobs.housekeeping import enqueue_job
 from registry.models import Endpoint, Job, JobKind, JobStatus, ModelVersion, ReplicaHeartbeat
 from registry.notify import bump_revision
-from serving.replica_address import replica_url
-from serving.routes import SCALED_TO_ZERO
+from serving.core.desired_state import SCALED_TO_ZERO
+from serving.process.replica_address import replica_url
 
 ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
 

@@ -20,7 +20,7 @@ from registry.services.catalog import lock_model, next_version_number
 from registry.services.gate import admit
 from registry.store.artifacts import default_store
 from registry.store.gc import lock_blob
-from serving.pipeline_graph import (
+from serving.core.pipeline_graph import (
     STEP_NAME,
     Edge,
     PipelineError,

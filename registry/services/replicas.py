@@ -24,7 +24,7 @@ from registry.errors import InvalidRequest, LifecycleError, NotFound
 from registry.metrics import record_samples
 from registry.models import ReplicaCredential, ReplicaHeartbeat
 from registry.notify import current_revision
-from serving.routes import ObservedState
+from serving.core.desired_state import ObservedState
 
 #: A replica credential reads `mmcr_<prefix>_<secret>`; the prefix names it in lists and logs.
 CREDENTIAL_SCHEME = "mmcr"

@@ -37,7 +37,7 @@ from registry.services.deployments import (
 from registry.services.replicas import replicas_forget
 from registry.signatures import signature_differences
 from registry.ticks import require_ticking
-from serving.routes import SCALED_TO_ZERO
+from serving.core.desired_state import SCALED_TO_ZERO
 
 UNLOAD_WAIT_SECONDS = 30.0
 

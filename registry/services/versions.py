@@ -13,7 +13,7 @@ from registry.services.catalog import lock_model, next_version_number
 from registry.store.artifacts import StoredBlob, default_store
 from registry.store.gc import lock_blob
 from registry.validation import queue_validation
-from serving.signature import batch_dimension
+from serving.core.tensor_signature import batch_dimension
 
 #: Serving settings a version's owner may change after upload (int ones with their range).
 CONFIG_FIELDS = {

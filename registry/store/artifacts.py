@@ -30,7 +30,7 @@ from registry.store.blobs import (
     stat_or_none,
 )
 from registry.store.writer import CHUNK, HashingWriter
-from serving.hashing import file_sha256
+from serving.core.hashing import file_sha256
 
 __all__ = ["CHUNK", "ArtifactStore", "ArtifactUnavailable", "BlobStat", "FileStore",
            "StoredBlob", "default_store"]

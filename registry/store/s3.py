@@ -47,7 +47,7 @@ from registry.store.blobs import (
     check_digest,
 )
 from registry.store.writer import CHUNK, StreamWriter
-from serving.hashing import file_sha256
+from serving.core.hashing import file_sha256
 
 log = logging.getLogger(__name__)
 

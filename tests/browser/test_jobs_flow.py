@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from registry import samples
-from serving.runtime import gpu_available
+from serving.core.runtime import gpu_available
 from tests.browser.test_console_flow import login
 from tests.console.test_jobs_pages import start_batch
 

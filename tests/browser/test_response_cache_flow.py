@@ -20,9 +20,9 @@ def serve_three_identical_requests() -> None:
     """A replica in this process follows the registry, answers the same row three times and
     sends its heartbeat, as `mmc-serve --registry` does."""
     from registry.serving_source import RegistrySource
-    from serving.codec import decode_infer_request
-    from serving.dataplane import DataPlane
-    from serving.reconciler import Reconciler
+    from serving.core.dataplane import DataPlane
+    from serving.core.reconciler import Reconciler
+    from serving.http.codec import decode_infer_request
 
     dataplane = DataPlane(replica="browser-r1")
     reconciler = Reconciler(RegistrySource(), dataplane, intra_op_threads=1)
@@ -32,7 +32,7 @@ def serve_three_identical_requests() -> None:
     async def main():
         await reconciler.reconcile()
         for _ in range(3):
-            await dataplane.infer("scorer", None, decode_infer_request(body))
+            await dataplane.predict("scorer", None, decode_infer_request(body))
         await reconciler.stop()
 
     # In a thread of its own: playwright's sync API keeps an event loop in this one.

@@ -10,8 +10,8 @@ from registry.audit import Actor
 from registry.models import Endpoint
 from registry.notify import current_revision
 from registry.serving_source import RegistrySource
-from serving.routes import SCALED_TO_ZERO, ObservedState
-from serving.stats import VersionStats
+from serving.core.desired_state import SCALED_TO_ZERO, ObservedState
+from serving.core.stats import VersionStats
 
 from .test_console_flow import login
 

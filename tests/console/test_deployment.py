@@ -17,7 +17,7 @@ from registry import metrics, samples, services
 from registry.audit import Actor
 from registry.models import AuditEvent, Endpoint, MetricSample, ReplicaHeartbeat
 from registry.notify import current_revision
-from serving.stats import LATENCY_BUCKETS_S
+from serving.core.stats import LATENCY_BUCKETS_S
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,7 +18,7 @@ from registry.models import (
     RegisteredModel,
     ReplicaHeartbeat,
 )
-from serving.stats import LATENCY_BUCKETS_S
+from serving.core.stats import LATENCY_BUCKETS_S
 
 URLS = ("/models/{}/deployment/", "/models/{}/deployment/charts/", "/models/{}/deployment/live/")
 

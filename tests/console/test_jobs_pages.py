@@ -85,7 +85,7 @@ def test_a_running_batch_is_polled_and_cancelled_from_the_console(page_client, e
 
 
 def test_the_version_page_requests_a_tensorrt_build_and_shows_its_outcome(page_client, mlp):
-    from serving.runtime import gpu_available
+    from serving.core.runtime import gpu_available
 
     page = "/models/mlp/versions/1/"
     viewer_html = page_client("viewer").get(page).content.decode()

@@ -22,7 +22,7 @@ from registry import metrics, metrics_retention, samples, services
 from registry.audit import Actor
 from registry.models import MetricSample, ModelVersion, VersionStatus
 from registry.signatures import extract_signature
-from serving.stats import LATENCY_BUCKETS_S
+from serving.core.stats import LATENCY_BUCKETS_S
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

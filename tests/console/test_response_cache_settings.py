@@ -16,8 +16,8 @@ from registry.integrations.export import triton_export
 from registry.models import AuditEvent, ModelVersion
 from registry.notify import current_revision
 from registry.serving_source import RegistrySource, build_desired_state
-from serving.dataplane import DataPlane
-from serving.reconciler import Reconciler
+from serving.core.dataplane import DataPlane
+from serving.core.reconciler import Reconciler
 
 pytestmark = pytest.mark.django_db(transaction=True)  # build_desired_state sets its isolation
 
@@ -84,11 +84,11 @@ def test_the_version_page_form_turns_it_on_and_shows_the_replicas_hits_and_misse
     async def serve():
         import orjson
 
-        from serving.codec import decode_infer_request
+        from serving.http.codec import decode_infer_request
 
         await reconciler.reconcile()
         for _ in range(3):
-            await dataplane.infer("fraud", None, decode_infer_request(orjson.dumps(request)))
+            await dataplane.predict("fraud", None, decode_infer_request(orjson.dumps(request)))
         lv = dataplane.table.loaded[("fraud", "1")]
         assert lv.batcher.requests == 1
         await reconciler.stop(leave_seconds=0)

@@ -19,9 +19,9 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from serving.dataplane import DataPlane
-from serving.reconciler import Reconciler
-from serving.routes import DesiredState, ObservedState
+from serving.core.dataplane import DataPlane
+from serving.core.desired_state import DesiredState, ObservedState
+from serving.core.reconciler import Reconciler
 from tests.faults import cluster as faults
 from tests.faults.cluster import INFER
 

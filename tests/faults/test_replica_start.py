@@ -13,10 +13,10 @@ import time
 import httpx
 import pytest
 
-from serving.app import ServingApp, ServingSettings
-from serving.dataplane import DataPlane
-from serving.reconciler import Reconciler
-from serving.routes import DesiredState, ObservedState
+from serving.core.dataplane import DataPlane
+from serving.core.desired_state import DesiredState, ObservedState
+from serving.core.reconciler import Reconciler
+from serving.http.app import ServingApp, ServingSettings
 
 pytestmark = pytest.mark.faults
 

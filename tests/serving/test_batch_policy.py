@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving.batch_policy import (
+from serving.core.batch_policy import (
     BatchDecision,
     batch_key,
     form_batch,

@@ -12,11 +12,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from registry import samples
-from serving.batching import DynamicBatcher
-from serving.errors import ModelNotReady, QueueFull
-from serving.routes import BatchingConfig
-from serving.runtime import OnnxRuntime
-from serving.stats import VersionStats
+from serving.core.batching import DynamicBatcher
+from serving.core.desired_state import BatchingConfig
+from serving.core.errors import ModelNotReady, QueueFull
+from serving.core.runtime import OnnxRuntime
+from serving.core.stats import VersionStats
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,7 @@ import numpy as np
 import orjson
 import pytest
 
-from serving.codec import (
-    DATATYPES,
-    RequestedOutput,
-    decode_infer_request,
-    encode_infer_response,
-    sagemaker_header_length,
-)
-from serving.errors import (
+from serving.core.errors import (
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
@@ -26,6 +19,13 @@ from serving.errors import (
     ServerFault,
     ServingError,
     Unauthorized,
+)
+from serving.core.tensors import RequestedOutput
+from serving.http.codec import (
+    DATATYPES,
+    decode_infer_request,
+    encode_infer_response,
+    sagemaker_header_length,
 )
 
 SAMPLES = {

@@ -9,9 +9,9 @@ import zlib
 import orjson
 import pytest
 
-from serving.codec import decode_infer_request
-from serving.compression import MAX_BODY_BYTES, decompress
-from serving.errors import InvalidInput, PayloadTooLarge
+from serving.core.errors import InvalidInput, PayloadTooLarge
+from serving.http.codec import decode_infer_request
+from serving.http.compression import MAX_BODY_BYTES, decompress
 
 DATA = b"x" * 10_000
 

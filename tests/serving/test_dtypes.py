@@ -1,19 +1,20 @@
 """One datatype table: the codec's inverse, warm-up inputs and the try-it snippets all derive
-from serving.dtypes.DATATYPES, so a datatype is added (or BF16 support appears) in one place."""
+from serving.core.dtypes.DATATYPES, so a datatype is added (or BF16 support appears) in one
+place."""
 
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
 
-from serving import codec
-from serving.dtypes import (
+from serving.core.dtypes import (
     DATATYPE_BY_DTYPE,
     DATATYPES,
     NOT_IN_NUMPY,
     NUMPY_DTYPES,
     NUMPY_TYPE_NAMES,
 )
+from serving.http import codec
 
 
 def test_every_datatype_but_bytes_maps_back_to_itself():

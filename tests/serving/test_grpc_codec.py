@@ -1,5 +1,5 @@
 """A large ModelInferRequest's raw_input_contents stay in the received buffer
-(serving.grpc_codec.parse_model_infer_request): the rest of the message reads exactly as
+(serving.grpc.codec.parse_model_infer_request): the rest of the message reads exactly as
 protobuf reads it, the tensors are the same bytes, and anything malformed fails as protobuf
 fails."""
 
@@ -10,7 +10,7 @@ import pytest
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from serving.grpc_codec import (
+from serving.grpc.codec import (
     SPLIT_FROM_BYTES,
     decode_model_infer_request,
     parse_model_infer_request,

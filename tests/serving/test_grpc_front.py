@@ -28,8 +28,8 @@ from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from registry import samples
-from serving.dataplane import DataPlane
-from serving.grpc_front import GrpcFront
+from serving.core.dataplane import DataPlane
+from serving.grpc.front import GrpcFront
 from tests.serving.test_app import Server, reference, write_model
 
 API_KEY = "grpc-s3cret"
@@ -506,7 +506,7 @@ def _pending(srv: Server, model: str) -> int:
 
 def test_grpc_is_off_unless_a_port_is_given():
     """Off by default: `--grpc-port` (or $MMC_GRPC_PORT) turns it on."""
-    from serving.app import ServingSettings
+    from serving.http.app import ServingSettings
 
     assert ServingSettings.from_env({}).grpc_port is None
     settings = ServingSettings.from_env({"MMC_GRPC_PORT": "9001", "MMC_GRPC_HOST": "0.0.0.0"})

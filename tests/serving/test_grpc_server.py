@@ -1,4 +1,4 @@
-"""The gRPC transport (serving.grpc_server over serving.http2) as grpcio's own client sees it:
+"""The gRPC transport (serving.grpc.server over serving.grpc.http2) as grpcio's own client sees it:
 a test service of raw-bytes methods registered the way generated code registers servicers,
 served from an event loop in a thread, called through a real channel. The inference service
 over it is specified in test_grpc_front.py."""
@@ -13,7 +13,7 @@ import time
 import grpc
 import pytest
 
-from serving.grpc_server import GrpcServer
+from serving.grpc.server import GrpcServer
 
 SERVICE = "test.Wire"
 LIMIT = 8 << 20  # max request message
@@ -232,7 +232,7 @@ class _RawConnection:
         """Sends one call; the trailers (or trailers-only headers) that come back."""
         from hpack import NeverIndexedHeaderTuple
 
-        from serving.http2 import (
+        from serving.grpc.http2 import (
             DATA,
             END_HEADERS,
             END_STREAM,

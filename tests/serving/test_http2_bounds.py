@@ -1,4 +1,5 @@
-"""Every bound the fast gRPC transport (serving.grpc_server over serving.http2) puts on a client,
+"""Every bound the fast gRPC transport (serving.grpc.server over serving.grpc.http2) puts on a
+client,
 seen from a client that frames HTTP/2 by hand over a raw socket: what it can make the server
 hold, how long it can keep a connection or header block open, and which cheap frames end its
 connection. One spec per bound; each takes a fraction of a second (figures from EdgeLimits,
@@ -19,9 +20,9 @@ import grpc
 import pytest
 from hpack import Decoder, Encoder
 
-from serving import http2
-from serving.grpc_server import GrpcServer
-from serving.http2 import (
+from serving.edge_limits import EdgeLimits
+from serving.grpc import http2
+from serving.grpc.http2 import (
     CONTINUATION,
     DATA,
     END_HEADERS,
@@ -36,7 +37,7 @@ from serving.http2 import (
     WINDOW_UPDATE,
     frame,
 )
-from serving.limits import EdgeLimits
+from serving.grpc.server import GrpcServer
 
 pytestmark = pytest.mark.timeout(30)  # a net under the sockets' own 5 s timeouts
 

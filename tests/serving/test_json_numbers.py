@@ -1,4 +1,4 @@
-"""Large v2 JSON bodies: numeric `data` is read straight into numpy (serving.json_numbers), and
+"""Large v2 JSON bodies: numeric `data` is read straight into numpy (serving.http.json_numbers), and
 the result is exactly what the general parser (orjson, then numpy) gives, errors included."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from serving import json_numbers
-from serving.codec import decode_infer_request
-from serving.errors import InvalidInput
+from serving.core.errors import InvalidInput
+from serving.http import json_numbers
+from serving.http.codec import decode_infer_request
 
 FAST = {"fast_json_min_bytes": 0}  # every body tries the fast path first
 GENERAL = {"fast_json_min_bytes": None}  # orjson only, as before the fast path

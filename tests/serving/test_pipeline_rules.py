@@ -19,9 +19,15 @@ from tritonclient.grpc import service_pb2_grpc
 
 from registry import samples
 from registry.signatures import extract_signature
-from serving.grpc_front import GrpcFront
-from serving.ratelimit import Limits, PredictKey
-from serving.routes import BatchingConfig, DesiredState, ModelRoute, VersionSpec, api_key_hash
+from serving.core.desired_state import (
+    BatchingConfig,
+    DesiredState,
+    ModelRoute,
+    VersionSpec,
+    api_key_hash,
+)
+from serving.core.rate_limits import Limits, PredictKey
+from serving.grpc.front import GrpcFront
 from tests.inprocess_replica import Clock, InProcessReplica
 from tests.serving.test_pipeline_runtime import X, body, pipeline_spec
 

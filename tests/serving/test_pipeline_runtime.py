@@ -16,9 +16,9 @@ import pytest
 
 from registry import samples
 from registry.signatures import extract_signature
-from serving.app import ServingApp, ServingSettings
-from serving.dataplane import DataPlane
-from serving.pipeline_graph import (
+from serving.core.dataplane import DataPlane
+from serving.core.desired_state import BatchingConfig, DesiredState, ModelRoute, VersionSpec
+from serving.core.pipeline_graph import (
     Edge,
     PipelineError,
     PipelineGraph,
@@ -26,8 +26,8 @@ from serving.pipeline_graph import (
     check_graph,
     parse_end,
 )
-from serving.reconciler import Reconciler
-from serving.routes import BatchingConfig, DesiredState, ModelRoute, VersionSpec
+from serving.core.reconciler import Reconciler
+from serving.http.app import ServingApp, ServingSettings
 from tests.inprocess_replica import StaticSource
 
 SPEC = {"steps": [{"name": "double", "model": "scaler", "version": 1},

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto
 
 from registry import samples
-from serving.protocol import _Chunks, _CoalescingTransport
+from serving.http.protocol import _Chunks, _CoalescingTransport
 from tests.serving.test_app import Server, write_model
 
 REQUEST = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32",

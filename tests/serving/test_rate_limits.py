@@ -15,8 +15,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving.ratelimit import Admission, Limits, PredictKey, RateLimited, RedisQuotaStore, quota_key
-from serving.routes import DesiredState, ModelRoute, api_key_hash
+from serving.core.desired_state import DesiredState, ModelRoute, api_key_hash
+from serving.core.rate_limits import (
+    Admission,
+    Limits,
+    PredictKey,
+    RateLimited,
+    RedisQuotaStore,
+    quota_key,
+)
 from tests.inprocess_replica import ROW, Clock, InProcessReplica, mlp_state
 from tests.replicas import free_port, wait_until
 
@@ -202,7 +209,7 @@ def test_requests_are_served_while_redis_is_down_or_hung_and_counted_after(tmp_p
         redis_server.wait()
         r = await Replica("r2", state(tmp_path, route),
                           store=RedisQuotaStore(redis_server.url)).start()
-        with caplog.at_level(logging.WARNING, logger="serving.ratelimit"):
+        with caplog.at_level(logging.WARNING, logger="serving.core.rate_limits"):
             for _ in range(3):
                 assert (await r.infer()).status_code == 200
                 await r.sync()

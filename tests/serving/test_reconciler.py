@@ -17,10 +17,16 @@ from test_app import Server, reshape_by_input, write_model
 
 from registry import samples
 from registry.signatures import extract_signature
-from serving.app import ServingApp, ServingSettings
-from serving.dataplane import DataPlane
-from serving.reconciler import LoadFailed, Reconciler
-from serving.routes import BatchingConfig, DesiredState, ModelRoute, ObservedState, VersionSpec
+from serving.core.dataplane import DataPlane
+from serving.core.desired_state import (
+    BatchingConfig,
+    DesiredState,
+    ModelRoute,
+    ObservedState,
+    VersionSpec,
+)
+from serving.core.reconciler import LoadFailed, Reconciler
+from serving.http.app import ServingApp, ServingSettings
 
 ROW = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.25] * 64}]}
 

@@ -7,9 +7,14 @@ import asyncio
 
 import pytest
 
-from serving.dataplane import DataPlane
-from serving.errors import Forbidden, NotSupported, Unauthorized
-from serving.routes import DesiredState, DesiredStateSource, ObservedState, ReadOnlySource
+from serving.core.dataplane import DataPlane
+from serving.core.desired_state import (
+    DesiredState,
+    DesiredStateSource,
+    ObservedState,
+    ReadOnlySource,
+)
+from serving.core.errors import Forbidden, NotSupported, Unauthorized
 
 
 class FolderSource(ReadOnlySource):

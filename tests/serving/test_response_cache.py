@@ -20,12 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from registry import samples
 from registry.signatures import extract_signature
-from serving.app import ServingApp, ServingSettings
-from serving.dataplane import DataPlane
-from serving.reconciler import Reconciler
-from serving.response_cache import ENTRY_OVERHEAD_BYTES, ResponseCache, request_key
-from serving.routes import BatchingConfig, DesiredState, ModelRoute, VersionSpec
-from serving.sources import RepositorySource
+from serving.core.dataplane import DataPlane
+from serving.core.desired_state import BatchingConfig, DesiredState, ModelRoute, VersionSpec
+from serving.core.reconciler import Reconciler
+from serving.core.response_cache import ENTRY_OVERHEAD_BYTES, ResponseCache, request_key
+from serving.http.app import ServingApp, ServingSettings
+from serving.sources.repository import RepositorySource
 from tests.inprocess_replica import StaticSource
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.routes import ModelRoute
+from serving.core.desired_state import ModelRoute
 
 BG = {"blue": "1", "green": "2", "stable": "7", "candidate": "8", "candidate_weight": 30}
 

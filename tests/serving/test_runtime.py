@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto
 
 from registry import samples
-from serving.runtime import (
+from serving.core.runtime import (
     CPU,
     CUDA,
     TENSORRT,

@@ -11,7 +11,7 @@ import pytest
 from test_reconciler import FakeSource, Replica, desired, run, spec
 
 from registry import samples
-from serving.routes import SCALED_TO_ZERO, ModelRoute
+from serving.core.desired_state import SCALED_TO_ZERO, ModelRoute
 
 IDLE = 0.2  # seconds: the route's idle timeout, short so specs wait little
 
@@ -162,7 +162,7 @@ def test_a_new_version_loads_while_its_model_sleeps_and_turning_it_off_loads_all
 
 
 def test_the_cold_start_wait_comes_from_the_environment(versions):
-    from serving.app import ServingSettings, create_app
+    from serving.http.app import ServingSettings, create_app
 
     settings = ServingSettings.from_env({"MMC_COLD_START_WAIT_SECONDS": "2.5"})
     app = create_app(FakeSource(desired(1, route(), versions[0])), replica="t9",
@@ -175,7 +175,7 @@ def test_a_model_repository_folder_sets_it_in_config_json(tmp_path):
     import json
 
     from registry.signatures import read_signature
-    from serving.sources import RepositorySource
+    from serving.sources.repository import RepositorySource
 
     (tmp_path / "m" / "1").mkdir(parents=True)
     (tmp_path / "m" / "1" / "model.onnx").write_bytes(samples.mlp())

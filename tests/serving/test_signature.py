@@ -17,9 +17,9 @@ from registry.signatures import (
     runtime_limits,
     signature_differences,
 )
-from serving.codec import decode_infer_request
-from serving.errors import InvalidInput
-from serving.signature import batch_dimension, validate_inputs, validate_outputs
+from serving.core.errors import InvalidInput
+from serving.core.tensor_signature import batch_dimension, validate_inputs, validate_outputs
+from serving.http.codec import decode_infer_request
 
 
 def model(inputs, outputs, *, ir_version=9, opset=17, producer=("exporter", "2.1")):

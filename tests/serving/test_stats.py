@@ -11,10 +11,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from registry import samples
-from serving.batching import DynamicBatcher
-from serving.routes import BatchingConfig
-from serving.runtime import OnnxRuntime
-from serving.stats import (
+from serving.core.batching import DynamicBatcher
+from serving.core.desired_state import BatchingConfig
+from serving.core.runtime import OnnxRuntime
+from serving.core.stats import (
     LATENCY_BUCKETS_S,
     ServingCollector,
     VersionStats,

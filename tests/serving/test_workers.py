@@ -1,6 +1,7 @@
-"""`mmc-serve --workers N`: several serving processes on one port (serving/supervisor.py), each
+"""`mmc-serve --workers N`: several serving processes on one port (serving/process/supervisor.py),
+each
 with the drain, restarted when one dies, answering statistics for all of them
-(serving/siblings.py). Real processes on a real model repository."""
+(serving/process/siblings.py). Real processes on a real model repository."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import httpx
 import pytest
 
 from registry import samples
-from serving import supervisor
-from serving.stats import VersionStats
+from serving.core.stats import VersionStats
+from serving.process import supervisor
 from tests.serving.test_app import Server, write_model
 
 BODY = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
@@ -265,11 +266,11 @@ def test_workers_flag_takes_a_count_or_auto(monkeypatch):
         with pytest.raises(ValueError, match="--workers"):
             supervisor.resolve_workers(bad)
     monkeypatch.setattr(supervisor, "usable_cpus", lambda: 16)
-    monkeypatch.setattr("serving.runtime.gpu_available", lambda: False)
+    monkeypatch.setattr("serving.core.runtime.gpu_available", lambda: False)
     assert supervisor.resolve_workers("auto") == supervisor.AUTO_MAX_WORKERS
     monkeypatch.setattr(supervisor, "usable_cpus", lambda: 2)
     assert supervisor.resolve_workers("auto") == 2
-    monkeypatch.setattr("serving.runtime.gpu_available", lambda: True)
+    monkeypatch.setattr("serving.core.runtime.gpu_available", lambda: True)
     assert supervisor.resolve_workers("auto") == 1
 
 

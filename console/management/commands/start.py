@@ -21,7 +21,7 @@ from registry.store.artifacts import default_store
 from registry.tasks import recover_validations
 from registry.validation import validate_version
 from serving.cli import add_grpc_arguments, use_grpc_arguments
-from serving.replica_address import advertised_url
+from serving.process.replica_address import advertised_url
 
 VALIDATING = (VersionStatus.UPLOADED, VersionStatus.VALIDATING)
 
@@ -61,7 +61,7 @@ class Command(BaseCommand):
                               f"{os.environ['MMC_GRPC_HOST']}:{os.environ['MMC_GRPC_PORT']}")
         # SIGTERM drains the data plane (not ready, Connection: close, then stop) as mmc-serve
         serve(asgi.application, serving=asgi.serving_app, host=host, port=port, loop="uvloop",
-              http="serving.protocol:GuardedHttpToolsProtocol", access_log=False,
+              http="serving.http.protocol:GuardedHttpToolsProtocol", access_log=False,
               lifespan="on")
 
     def _admin(self) -> None:

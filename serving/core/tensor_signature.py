@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from serving.codec import InputTensor
-from serving.errors import InvalidInput
+from serving.core.errors import InvalidInput
+from serving.core.tensors import InputTensor
 
 #: Rows a batchable version batches up to when nobody configured max_batch_size.
 DEFAULT_MAX_BATCH_SIZE = 32

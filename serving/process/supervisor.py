@@ -18,7 +18,7 @@ gone (even by SIGKILL) drains and exits: it checks its parent once a second, as 
 workers do.
 
 The workers share a folder (MMC_SERVE_WORKER_DIR) where each publishes its statistics, so
-/metrics and the statistics APIs answer for all of them (serving/siblings.py).
+/metrics and the statistics APIs answer for all of them (serving/process/siblings.py).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def resolve_workers(value: str) -> int:
     """`--workers`: a number, or `auto` = one per usable CPU, at most AUTO_MAX_WORKERS, and one
     where a GPU does the compute (one process per GPU, as Triton places one instance per GPU)."""
     if value.strip().lower() == "auto":
-        from serving.runtime import gpu_available
+        from serving.core.runtime import gpu_available
 
         return 1 if gpu_available() else min(usable_cpus(), AUTO_MAX_WORKERS)
     try:

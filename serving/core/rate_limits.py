@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from serving.errors import ServingError
+from serving.core.errors import ServingError
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ class RedisQuotaStore:
 
 class WorkersQuotaStore:
     """Counts in a SQLite file shared by the workers of one `mmc-serve --workers N` without
-    Redis (serving/supervisor.py's folder): one day's count per server, not per process.
+    Redis (serving/process/supervisor.py's folder): one day's count per server, not per process.
     Synced like Redis (in the background, every MMC_QUOTA_SYNC_SECONDS)."""
 
     inline = False

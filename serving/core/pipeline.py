@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from serving.dataplane import _runtime_error
-from serving.errors import ModelNotReady, ServingError
-from serving.pipeline_graph import PipelineGraph, Step
-from serving.routes import DEFAULT_MAX_OUTPUT_BYTES
-from serving.stats import VersionStats
+from serving.core.dataplane import _runtime_error
+from serving.core.desired_state import DEFAULT_MAX_OUTPUT_BYTES
+from serving.core.errors import ModelNotReady, ServingError
+from serving.core.pipeline_graph import PipelineGraph, Step
+from serving.core.stats import VersionStats
 
 Tensors = dict[str, np.ndarray]
 

@@ -14,8 +14,8 @@ import logging
 from dataclasses import replace
 from time import monotonic
 
-from serving.dataplane import DataPlane, RouteTable
-from serving.routes import SCALED_TO_ZERO, VersionSpec
+from serving.core.dataplane import DataPlane, RouteTable
+from serving.core.desired_state import SCALED_TO_ZERO, VersionSpec
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import zlib
 
-from serving.errors import InvalidInput, PayloadTooLarge
+from serving.core.errors import InvalidInput, PayloadTooLarge
 
 #: The default bound on a request body, compressed or not (ServingSettings.max_body_bytes).
 MAX_BODY_BYTES = 64 * 1024 * 1024

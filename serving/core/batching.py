@@ -12,7 +12,7 @@ two wake-ups, and on a busy host each may wait for a core longer than the model 
 the MLP at c=32: the loop spent a quarter of its time waking the worker and being woken).
 All bookkeeping (queue, stats) happens on the event loop thread, so it needs no locks; worker
 threads only concatenate, run and split. Which requests form a batch, and how
-outputs go back to them, is decided by the pure functions in serving.batch_policy.
+outputs go back to them, is decided by the pure functions in serving.core.batch_policy.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from time import perf_counter_ns
 
-from serving.batch_policy import Tensors, batch_key, form_batch, merge_inputs, split_outputs
-from serving.errors import ModelNotReady, QueueFull
-from serving.routes import BatchingConfig
-from serving.stats import VersionStats
+from serving.core.batch_policy import Tensors, batch_key, form_batch, merge_inputs, split_outputs
+from serving.core.desired_state import BatchingConfig
+from serving.core.errors import ModelNotReady, QueueFull
+from serving.core.stats import VersionStats
 
 #: a model whose runs average less than this runs on the event loop (one instance, no executor);
 #: it goes back to the threads once its runs average more than INLINE_ABOVE_NS

@@ -11,9 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from serving.pipeline_graph import PipelineError, PipelineGraph
-from serving.ratelimit import NO_LIMITS, Limits, PredictKey
-from serving.routes import BatchingConfig, DesiredState, ModelRoute, ObservedState, VersionSpec
+from serving.core.desired_state import (
+    BatchingConfig,
+    DesiredState,
+    ModelRoute,
+    ObservedState,
+    VersionSpec,
+)
+from serving.core.pipeline_graph import PipelineError, PipelineGraph
+from serving.core.rate_limits import NO_LIMITS, Limits, PredictKey
 
 #: Bumped when a field changes meaning; a replica refuses a document of another format.
 FORMAT = 1

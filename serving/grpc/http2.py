@@ -8,7 +8,7 @@ a well-kept HPACK codec); what a stream means is the `StreamHandler`'s business 
 grpc_server). Header blocks it sends are literal fields without indexing, so it keeps no HPACK
 encoder state at all.
 
-Every bound a client meets here is a figure of serving.limits.EdgeLimits (handshake and idle
+Every bound a client meets here is a figure of serving.edge_limits.EdgeLimits (handshake and idle
 timeouts, header bytes, streams, pings) or a protocol constant below (frames, windows, budgets).
 Time is judged by one sweep per server (`sweep`), never by a timer per frame or per stream.
 """
@@ -23,7 +23,7 @@ from typing import Protocol
 from hpack import Decoder
 from hpack.exceptions import HPACKError
 
-from serving.limits import EdgeLimits
+from serving.edge_limits import EdgeLimits
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def status_field(status: int) -> bytes:
 
 
 class StreamHandler(Protocol):
-    """What one connection's streams mean (serving.grpc_server's calls)."""
+    """What one connection's streams mean (serving.grpc.server's calls)."""
 
     def on_headers(self, stream: Stream, headers: list[tuple[bytes, bytes]],
                    end_stream: bool) -> None: ...

@@ -3,8 +3,8 @@ tritonclient.grpc calls) over the same DataPlane as the HTTP front, in the HTTP 
 loop; plus gRPC health checking and server reflection, grpcio's own servicers.
 
 Two transports carry it (MMC_GRPC_TRANSPORT), both bounded by the listeners' one set of limits
-(serving.limits.EdgeLimits) and by the answer budget below: `fast` (the default) is our own
-HTTP/2 connection (serving.grpc_server over serving.http2), answered in the event loop with one
+(serving.edge_limits.EdgeLimits) and by the answer budget below: `fast` (the default) is our own
+HTTP/2 connection (serving.grpc.server over serving.grpc.http2), answered in the event loop with one
 write; `grpcio` is grpcio's asyncio server configured from the same figures, whose calls cross
 three threads (about a seventh of `fast`'s MLP calls per second on one core here). Both meet
 the same attacks at least as well as a plain grpcio server (tests/serving/test_edge_attacks.py,
@@ -24,14 +24,14 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from tritonclient.grpc import model_config_pb2, service_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from serving.dataplane import DataPlane, with_key
-from serving.errors import InvalidInput, ModelNotFound, ReplicaStarting, ServingError
-from serving.grpc_codec import (
+from serving.core.dataplane import DataPlane, with_key
+from serving.core.errors import InvalidInput, ModelNotFound, ReplicaStarting, ServingError
+from serving.edge_limits import EdgeLimits, trim_heap_soon
+from serving.grpc.codec import (
     decode_model_infer_request,
     encode_model_infer_response,
     parse_model_infer_request,
 )
-from serving.limits import EdgeLimits, trim_heap_soon
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class AnswerBudget:
     def _release(self, size: int) -> None:
         self.held -= size
         if not self.held and self._high_water >= self.limit // 2:
-            # what the held answers freed goes back to the OS, as serving.limits does for
+            # what the held answers freed goes back to the OS, as serving.edge_limits does for
             # request bodies: glibc would keep it in its heap after the attack
             self._high_water = 0
             trim_heap_soon()
@@ -270,7 +270,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise self.answers.refusal(size)
         # Trailing, not initial: sent with the answer and its status in one batch, where
         # send_initial_metadata costs a write of its own (~15% of a call's loop time).
-        context.set_trailing_metadata(lv.grpc_version_metadata)
+        metadata = lv.transport_cache.get("grpc")
+        if metadata is None:
+            metadata = lv.transport_cache["grpc"] = (("x-model-version", lv.version),)
+        context.set_trailing_metadata(metadata)
         return response
 
     async def ModelStreamInfer(self, request_iterator, context):
@@ -468,7 +471,7 @@ class GrpcFront:
     def _new_server(self):
         connections = self.limits.connection_caps(grpc=True)[1]
         if self.transport == "fast":
-            from serving.grpc_server import GrpcServer
+            from serving.grpc.server import GrpcServer
 
             return GrpcServer(max_receive_message_length=self.max_message_bytes,
                               limits=self.limits, max_connections=connections)

@@ -1,6 +1,6 @@
 """The serving ASGI application: /v2 (KServe Open Inference Protocol + Triton extensions),
 SageMaker /ping and /invocations, Prometheus /metrics; and, when configured, the gRPC front
-(serving.grpc_front) started and stopped with it.
+(serving.grpc.front) started and stopped with it.
 
 A raw ASGI callable rather than a framework: the path is split once and dispatched with a few
 string comparisons, headers are scanned once, and the JSON infer answer reuses prebuilt header
@@ -18,11 +18,9 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from serving import siblings
-from serving.codec import decode_infer_request, sagemaker_header_length
-from serving.compression import MAX_BODY_BYTES, decompress
-from serving.dataplane import DataPlane, with_key
-from serving.errors import (
+from serving.core.dataplane import DataPlane, with_key
+from serving.core.desired_state import DEFAULT_MAX_OUTPUT_BYTES, DesiredStateSource
+from serving.core.errors import (
     InvalidInput,
     MethodNotAllowed,
     ModelNotFound,
@@ -30,12 +28,18 @@ from serving.errors import (
     ReplicaStarting,
     ServingError,
 )
-from serving.limits import BodyReader, EdgeLimits
-from serving.ratelimit import DEFAULT_SYNC_SECONDS, Admission, quota_store
-from serving.reconciler import Reconciler
-from serving.response_cache import DEFAULT_RESPONSE_CACHE_BYTES
-from serving.routes import DEFAULT_MAX_OUTPUT_BYTES, DesiredStateSource
-from serving.stats import ServingCollector, VersionStats, render_metrics
+from serving.core.rate_limits import DEFAULT_SYNC_SECONDS, Admission, quota_store
+from serving.core.reconciler import Reconciler
+from serving.core.response_cache import DEFAULT_RESPONSE_CACHE_BYTES
+from serving.core.stats import ServingCollector, VersionStats, render_metrics
+from serving.edge_limits import BodyReader, EdgeLimits
+from serving.http.codec import (
+    decode_infer_request,
+    encode_infer_response,
+    sagemaker_header_length,
+)
+from serving.http.compression import MAX_BODY_BYTES, decompress
+from serving.process import siblings
 
 log = logging.getLogger(__name__)
 
@@ -62,24 +66,24 @@ class ServingSettings:
     heartbeat_seconds: float = 2.0
     intra_op_threads: int = 0
     providers: list[str] = field(default_factory=list)
-    # per request and version, for versions that set none (serving.routes)
+    # per request and version, for versions that set none (serving.core.desired_state)
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
-    # header/body timeouts, buffered-body budget, connection cap (serving.limits)
+    # header/body timeouts, buffered-body budget, connection cap (serving.edge_limits)
     limits: EdgeLimits = field(default_factory=EdgeLimits)
     # the replica's response-cache budget in bytes, shared by the versions that turn the
-    # cache on (serving.response_cache); 0 turns it off here
+    # cache on (serving.core.response_cache); 0 turns it off here
     response_cache_bytes: int = DEFAULT_RESPONSE_CACHE_BYTES
     # SIGTERM: answer (not ready, `Connection: close`) this long at most before the listener
     # closes; less once no connection is open (serving.cli.DrainingServer)
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
     # Daily quotas: counted in this Redis, shared by all replicas (REDIS_URL; empty: in this
-    # process), synced every quota_sync_seconds (serving.ratelimit)
+    # process), synced every quota_sync_seconds (serving.core.rate_limits)
     quota_redis_url: str = ""
     quota_sync_seconds: float = DEFAULT_SYNC_SECONDS
-    # the gRPC front (serving.grpc_front) beside HTTP, in the same loop; None: off
+    # the gRPC front (serving.grpc.front) beside HTTP, in the same loop; None: off
     grpc_port: int | None = None
     grpc_host: str = "127.0.0.1"
-    # its transport: our own HTTP/2 one (default) or grpcio's server (serving.grpc_front)
+    # its transport: our own HTTP/2 one (default) or grpcio's server (serving.grpc.front)
     grpc_transport: str = "fast"
     # Scale to zero: how long a request waits for its scaled-to-zero model to load before a
     # 503 with Retry-After (MMC_COLD_START_WAIT_SECONDS)
@@ -219,14 +223,14 @@ class ServingApp:
             self._started = True
 
     async def _start_grpc(self) -> None:
-        from serving.grpc_front import GrpcFront  # grpcio is imported only when asked for
+        from serving.grpc.front import GrpcFront  # grpcio is imported only when asked for
 
         settings = self.settings
         self.grpc = GrpcFront(
             self.dataplane, host=settings.grpc_host, port=settings.grpc_port,
             max_message_bytes=settings.max_body_bytes, limits=settings.limits,
             transport=settings.grpc_transport,
-            # one of several workers (serving.supervisor): each binds the port itself
+            # one of several workers (serving.process.supervisor): each binds the port itself
             reuse_port=os.environ.get("MMC_SERVE_WORKER_INDEX") is not None)
         await self.grpc.start()
 
@@ -426,13 +430,20 @@ class ServingApp:
                 hlen = smlen
             model = self._sagemaker_model(target)
         request = decode_infer_request(body, header_length=hlen)
-        out, headers, lv = await self.dataplane.infer(
+        outputs, lv = await self.dataplane.predict(
             model, version, request, routing_key=routing_key, api_key=api_key)
+        out, headers = encode_infer_response(
+            model_name=model, model_version=lv.version, request_id=request.id, outputs=outputs,
+            requested=request.outputs, binary_output=request.binary_output, batched=lv.batched)
+        version_header = lv.transport_cache.get("http")
+        if version_header is None:
+            version_header = lv.transport_cache["http"] = (b"x-model-version",
+                                                           lv.version.encode())
         if len(headers) == 1:  # JSON answer: the common case, prebuilt tuples
-            raw = [_CT_JSON, lv.version_header, (b"content-length", b"%d" % len(out))]
+            raw = [_CT_JSON, version_header, (b"content-length", b"%d" % len(out))]
         else:
             raw = _headers(headers)
-            raw.append(lv.version_header)
+            raw.append(version_header)
             raw.append((b"content-length", b"%d" % len(out)))
         await send({"type": "http.response.start", "status": 200, "headers": raw})
         await send({"type": "http.response.body", "body": out})

@@ -1,9 +1,9 @@
-"""The data plane: what the HTTP front (serving.app) and the gRPC front (serving.grpc_front)
+"""The data plane: what the HTTP front (serving.http.app) and the gRPC front (serving.grpc.front)
 adapt to.
 
 It reads one immutable `RouteTable` reference per request, swapped whole by the reconciler, so a
 request sees either the old table or the new one, never a mix. Nothing here knows HTTP framing,
-Django or the database; errors are the typed ones from serving.errors.
+Django or the database; errors are the typed ones from serving.core.errors.
 """
 
 from __future__ import annotations
@@ -15,13 +15,21 @@ import math
 import re
 from dataclasses import dataclass, field
 from time import monotonic, perf_counter_ns
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from serving.batching import DynamicBatcher
-from serving.codec import InferRequest, datatype_of, encode_infer_response
-from serving.errors import (
+from serving.core.batching import DynamicBatcher
+from serving.core.desired_state import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    SCALED_TO_ZERO,
+    DesiredStateSource,
+    ModelRoute,
+    VersionSpec,
+    api_key_hash,
+    repository_action_not_offered,
+)
+from serving.core.errors import (
     Conflict,
     Forbidden,
     InvalidInput,
@@ -33,24 +41,13 @@ from serving.errors import (
     ServingError,
     Unauthorized,
 )
-from serving.pipeline_graph import PipelineGraph
-from serving.ratelimit import Admission, RateLimited
-from serving.response_cache import DEFAULT_RESPONSE_CACHE_BYTES, ResponseCache, request_key
-from serving.routes import (
-    DEFAULT_MAX_OUTPUT_BYTES,
-    SCALED_TO_ZERO,
-    DesiredStateSource,
-    ModelRoute,
-    VersionSpec,
-    api_key_hash,
-    repository_action_not_offered,
-)
-from serving.runtime import OnnxRuntime
-from serving.signature import validate_inputs, validate_outputs
-from serving.stats import VersionStats
-
-if TYPE_CHECKING:
-    from serving.siblings import Siblings
+from serving.core.pipeline_graph import PipelineGraph
+from serving.core.rate_limits import Admission, RateLimited
+from serving.core.response_cache import DEFAULT_RESPONSE_CACHE_BYTES, ResponseCache, request_key
+from serving.core.runtime import OnnxRuntime
+from serving.core.stats import VersionStats
+from serving.core.tensor_signature import validate_inputs, validate_outputs
+from serving.core.tensors import InferRequest, datatype_of
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +75,14 @@ class LoadedVersion:
         self.signature = self.spec.signature
         self.version = self.spec.version
         self.batched = self.max_batch_size > 0
-        self.version_header = (b"x-model-version", self.version.encode())
+        # what each transport computed once for this version (its answer's version header)
+        self.transport_cache: dict[str, object] = {}
         # Response-cache identity: model, version, artifact and this load. A reload (new
         # settings, a replaced file) starts with no entries; an unload drops this one's.
         spec = self.spec
         self.cache_identity = "\0".join(
             (spec.model, spec.version, spec.sha256, str(next(_LOADS)))).encode()
         self.retired = False  # left the route table: no new cache entries
-        self.grpc_version_metadata = (("x-model-version", self.version),)
 
 
 @dataclass
@@ -169,7 +166,7 @@ class DataPlane:
                  admission: Admission | None = None,
                  response_cache_bytes: int = DEFAULT_RESPONSE_CACHE_BYTES) -> None:
         self.replica = replica
-        # rate limits and daily quotas, and the per-key request counts (serving.ratelimit)
+        # rate limits and daily quotas, and the per-key request counts (serving.core.rate_limits)
         self.admission = admission or Admission()
         self.max_output_bytes = max_output_bytes  # for versions that set no budget of their own
         # shared by every version whose spec turns it on; 0 bytes: off on this replica
@@ -177,8 +174,8 @@ class DataPlane:
         self.table: RouteTable = EMPTY_TABLE
         self.started = False  # a first route table has been installed
         self.draining = False  # shutting down: not ready, still answering (serving.cli)
-        # the other workers of this server (serving.siblings), when it runs several
-        self.siblings: Siblings | None = None
+        # the other workers of this server (serving.process.siblings), when it runs several
+        self.siblings: Any = None  # serving.process.siblings.Siblings, or None
         self.degraded: str | None = None  # why the source cannot be followed right now
         self.shadow: dict[str, ShadowStats] = {}
         self.source: DesiredStateSource | None = None  # set by the reconciler
@@ -301,25 +298,13 @@ class DataPlane:
 
     # -- inference ---------------------------------------------------------------------------
 
-    async def infer(
-        self, model: str, version: str | None, request: InferRequest, *,
-        routing_key: str | None = None, api_key: str | None = None,
-    ) -> tuple[bytes, dict[str, str], LoadedVersion]:
-        """Pick (or pin), validate, queue, encode: the HTTP body, its headers, who answered."""
-        outputs, lv = await self.predict(model, version, request, routing_key=routing_key,
-                                         api_key=api_key)
-        body, headers = encode_infer_response(
-            model_name=model, model_version=lv.version, request_id=request.id,
-            outputs=outputs, requested=request.outputs, binary_output=request.binary_output,
-            batched=lv.batched)
-        return body, headers, lv
-
     async def predict(
         self, model: str, version: str | None, request: InferRequest, *,
         routing_key: str | None = None, api_key: str | None = None,
     ) -> tuple[dict[str, np.ndarray], LoadedVersion]:
-        """Pick (or pin), validate, queue: the model's outputs and who answered. Each front
-        encodes them its own way (serving.codec for HTTP, serving.grpc_codec for gRPC)."""
+        """Pick (or pin), validate, queue: the model's outputs (tensors, never bytes) and who
+        answered. Each transport encodes them its own way (serving.http.codec,
+        serving.grpc.codec)."""
         table = self.table
         route = table.routes.get(model)
         if route is None:
@@ -722,9 +707,9 @@ _GPU_WORDS = ("CUDA", "cuda", "TensorRT", "cuDNN", "CUBLAS", "cublas")
 
 def _runtime_error(model: str, version: str, exc: Exception, budget: int) -> ServingError:
     """Whose fault a failed run is. The request's inputs passed the signature before the run
-    (serving/signature.py), so what fails inside it is the model's (ModelFailed, 500, counted
-    against the version) or the server's (a GPU provider: ServerFault), except where the
-    request is: an allocation its size asked for, values onnxruntime itself calls invalid
+    (serving/core/tensor_signature.py), so what fails inside it is the model's (ModelFailed,
+    500, counted against the version) or the server's (a GPU provider: ServerFault), except
+    where the request is: an allocation its size asked for, values onnxruntime itself calls invalid
     arguments (an index out of an embedding's range), sizes the request sent that cannot go
     together (_REQUEST_SHAPES): 400s. Typed errors, so no traceback is written to the log."""
     text = str(exc)

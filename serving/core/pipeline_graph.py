@@ -98,7 +98,7 @@ class PipelineGraph:
     @cached_property
     def step_models(self) -> dict[str, tuple[str, ...]]:
         """Each model the steps run, with the names of its steps: whose keys and limits a
-        call to the pipeline meets (serving.dataplane)."""
+        call to the pipeline meets (serving.core.dataplane)."""
         names: dict[str, list[str]] = {}
         for step in self.steps:
             names.setdefault(step.model, []).append(step.name)

@@ -1,6 +1,6 @@
 """Bounds on what a client can make a listener hold, in one place (EdgeLimits): the HTTP
-listener (serving.protocol: header timeout and size, its share of the connection budget), the
-gRPC port (serving.grpc_front: grpcio's server configured from the same figures) and the ASGI
+listener (serving.http.protocol: header timeout and size, its share of the connection budget), the
+gRPC port (serving.grpc.front: grpcio's server configured from the same figures) and the ASGI
 side here (BodyReader: how long a request body may take to arrive, and how many body bytes the
 whole process buffers at once). BodyReader knows nothing of uvicorn. The hot path, a small
 body that arrives with its headers, costs one dict insert and one delete: deadlines are checked
@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from serving.errors import BodyBudgetExhausted, InvalidInput, PayloadTooLarge, RequestTimeout
+from serving.core.errors import BodyBudgetExhausted, InvalidInput, PayloadTooLarge, RequestTimeout
 
 #: Bodies up to this size stay outside the budget: the server reads this much per connection
 #: before it stops reading (uvicorn's flow-control high-water mark), so the connection cap

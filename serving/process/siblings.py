@@ -29,7 +29,7 @@ from pathlib import Path
 
 import orjson
 
-from serving.stats import VersionStats
+from serving.core.stats import VersionStats
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def shared_folder() -> str:
 
 def from_environment(replica: str, stats: Callable[[], Iterable[VersionStats]],
                      counters: Callable[[], dict] = dict) -> Siblings | None:
-    """The Siblings of a worker started by serving.supervisor; None for a lone process."""
+    """The Siblings of a worker started by serving.process.supervisor; None for a lone process."""
     folder, index = shared_folder(), os.environ.get("MMC_SERVE_WORKER_INDEX")
     if not folder or index is None:
         return None

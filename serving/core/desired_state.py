@@ -9,9 +9,9 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from serving.errors import NotSupported
-from serving.pipeline_graph import PipelineGraph
-from serving.ratelimit import NO_LIMITS, Limits, PredictKey
+from serving.core.errors import NotSupported
+from serving.core.pipeline_graph import PipelineGraph
+from serving.core.rate_limits import NO_LIMITS, Limits, PredictKey
 
 #: A replica's default output budget per request and version (MMC_MAX_OUTPUT_BYTES): the
 #: largest answer a request may make a model produce. 256 MiB holds a batch of 8 FP32
@@ -64,7 +64,7 @@ class VersionSpec:
     # A pipeline version: its graph of step versions (each also in the desired state); the
     # artifact is then the pipeline's JSON spec, not a model to load.
     pipeline: PipelineGraph | None = None
-    # Answer repeated requests from the replica's response cache (serving.response_cache)
+    # Answer repeated requests from the replica's response cache (serving.core.response_cache)
     # instead of running the model; off unless the version asks for it.
     response_cache: bool = False
 
@@ -95,8 +95,8 @@ class ModelRoute:
     # The endpoint is protected (or the registry requires predict keys everywhere,
     # MMC_REQUIRE_PREDICT_KEYS): a route without keys then refuses every request, never opens.
     keys_required: bool = False
-    # Rate limit and daily quota of the whole endpoint (serving.ratelimit), and each key's label
-    # and limits by its hash (a hash missing here is a key without limits).
+    # Rate limit and daily quota of the whole endpoint (serving.core.rate_limits), and each
+    # key's label and limits by its hash (a hash missing here is a key without limits).
     limits: Limits = NO_LIMITS
     keys: dict[str, PredictKey] = field(default_factory=dict, hash=False)
     # Scale to zero: after this many seconds with no request (and none in flight) a replica
@@ -199,7 +199,7 @@ class DesiredStateSource(Protocol):
     A source may also offer `fetch_artifact(spec) -> None` (not part of the protocol, so
     sources without one still are sources): put the version's artifact at `spec.artifact_path`
     (from an object store, into this host's cache) before it loads. Blocking (a loader thread).
-    Raises LoadFailed (serving.reconciler) when the artifact is missing or wrong: that version
+    Raises LoadFailed (serving.core.reconciler) when the artifact is missing or wrong: that version
     fails; any other error (the store not answering) is tried again at the next poll."""
 
     def revision(self) -> int:

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import httpx
 
-from serving.errors import Conflict, Forbidden, InvalidInput, ModelNotFound, Unauthorized
-from serving.reconciler import LoadFailed
-from serving.routes import DesiredState, ObservedState, VersionSpec
-from serving.state_wire import WireError, decode_desired, encode_observed
+from serving.core.desired_state import DesiredState, ObservedState, VersionSpec
+from serving.core.errors import Conflict, Forbidden, InvalidInput, ModelNotFound, Unauthorized
+from serving.core.reconciler import LoadFailed
+from serving.core.state_wire import WireError, decode_desired, encode_observed
 
 log = logging.getLogger(__name__)
 

@@ -107,7 +107,7 @@ class VersionStats:
         self.success_count = self.success_ns = 0
         self.fail_count = self.fail_ns = 0
         # Of the failures, those the model itself raised on inputs its signature accepts
-        # (serving.errors.ModelFailed, a 500): the version's own errors, not its callers'.
+        # (serving.core.errors.ModelFailed, a 500): the version's own errors, not its callers'.
         self.model_fail_count = 0
         self.queue_count = self.queue_ns = 0
         self.compute_input_count = self.compute_input_ns = 0
@@ -121,7 +121,7 @@ class VersionStats:
         self.latency_counts: list[int] = [0] * (len(_BOUNDS_NS) + 1)
         self.latency_sum_ns = 0
         self.since = time.time()  # when these counters started: a first sample's span
-        # Response cache (serving.response_cache): whether the version uses it, and Triton's
+        # Response cache (serving.core.response_cache): whether the version uses it, and Triton's
         # cache_hit (lookup and answer) and cache_miss (lookup and insertion) count and time.
         self.cached = False
         self.cache_hit_count = self.cache_hit_ns = 0
@@ -196,7 +196,7 @@ class VersionStats:
         self.cold_start_last_s = seconds
         self.cold_start_at = time.time()
 
-    # -- across processes (serving/siblings.py) ----------------------------------------------
+    # -- across processes (serving/process/siblings.py) -------------------------------------
 
     def to_state(self) -> dict:
         """Every field as plain JSON (the batch table as [size, runs, input, infer, output])."""
@@ -358,7 +358,7 @@ class ServingCollector:
                  siblings: Callable[[], Iterable[tuple[str, list[VersionStats]]]] | None = None):
         self.replica = replica
         self.stats_provider = stats_provider
-        # the other workers of this server (serving/siblings.py): (replica, their stats)
+        # the other workers of this server (serving/process/siblings.py): (replica, their stats)
         self.siblings = siblings
 
     def describe(self) -> list[Metric]:

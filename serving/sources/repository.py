@@ -9,8 +9,8 @@ default, $MMC_MAX_OUTPUT_BYTES), response_cache (true: answer repeated requests 
 replica's response cache, $MMC_RESPONSE_CACHE_BYTES), trt_precision (fp32|fp16; engines are cached
 under $MMC_TRT_CACHE_DIR or <root>/.trt-cache), stable (default: the highest version),
 candidate + candidate_weight, shadow, api_key_sha256 (list of hex digests), limits ({rps, burst,
-daily_quota}: the endpoint's, serving.ratelimit), api_keys (list of {sha256, label, rps, burst,
-daily_quota}: keys with a label and limits of their own), scale_to_zero_after_seconds (unload
+daily_quota}: the endpoint's, serving.core.rate_limits), api_keys (list of {sha256, label, rps,
+burst, daily_quota}: keys with a label and limits of their own), scale_to_zero_after_seconds (unload
 the model after that long without a request, reload on the next; 0: never). Every version found
 is loaded (pinnable); unpinned traffic goes to the stable (and candidate). Load/unload through
 the v2 repository API is not offered: edit the folder (or use the registry).
@@ -26,8 +26,7 @@ from pathlib import Path
 
 import orjson
 
-from serving.ratelimit import Limits, PredictKey
-from serving.routes import (
+from serving.core.desired_state import (
     BatchingConfig,
     DesiredState,
     ModelRoute,
@@ -35,7 +34,8 @@ from serving.routes import (
     ReadOnlySource,
     VersionSpec,
 )
-from serving.signature import DEFAULT_MAX_BATCH_SIZE, batch_dimension
+from serving.core.rate_limits import Limits, PredictKey
+from serving.core.tensor_signature import DEFAULT_MAX_BATCH_SIZE, batch_dimension
 
 _MODEL_FILE = "model.onnx"
 

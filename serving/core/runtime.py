@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from serving.dtypes import NUMPY_DTYPES
-from serving.errors import InvalidInput
+from serving.core.dtypes import NUMPY_DTYPES
+from serving.core.errors import InvalidInput
 
 TENSORRT = "TensorrtExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -166,7 +166,7 @@ class OnnxRuntime:
         self.graph_optimization_level = graph_optimization_level
         self.trt_cache_dir = os.fspath(trt_cache_dir) if trt_cache_dir else None
         self.trt_fp16 = trt_fp16
-        self.trt_profile = trt_profile  # explicit min/opt/max shapes (serving.trt_cache)
+        self.trt_profile = trt_profile  # explicit min/opt/max shapes (serving.core.trt_cache)
         self.instance_count = max(1, instance_count)
         self.allow_spinning = allow_spinning
         self.providers: list[str] = []

@@ -1,4 +1,4 @@
-"""gRPC calls over serving.http2 connections, in the event loop that serves HTTP.
+"""gRPC calls over serving.grpc.http2 connections, in the event loop that serves HTTP.
 
 It takes grpcio's own handler objects (`add_generic_rpc_handlers` /
 `add_registered_method_handlers`, which generated `add_*_to_server` functions call), so the
@@ -9,7 +9,7 @@ status and trailing metadata in the trailers, a trailers-only answer for an erro
 message.
 
 What a client can make it hold is bounded as grpcio's server bounds it, from the same
-serving.limits.EdgeLimits: a message's bytes are held only as they arrive (and refused once its
+serving.edge_limits.EdgeLimits: a message's bytes are held only as they arrive (and refused once its
 declared length is over max_receive_message_length), compressed ones inflate no further than
 that limit, every call's unfinished request bytes share one budget (buffered_body_budget_bytes),
 a stream's window opens only as its call takes what came, and connections are capped.
@@ -29,9 +29,9 @@ import zlib
 
 import grpc
 
-from serving.http2 import STREAM_WINDOW, Http2Connection, Stream, header_field, status_field
-from serving.limits import EdgeLimits
-from serving.supervisor import reuse_port_listener
+from serving.edge_limits import EdgeLimits
+from serving.grpc.http2 import STREAM_WINDOW, Http2Connection, Stream, header_field, status_field
+from serving.process.supervisor import reuse_port_listener
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ class Call:
 
     def add_done_callback(self, callback) -> None:
         """`callback(self)` once the call's stream has ended: its answer sent in full, or the
-        stream reset or its connection gone (grpc.aio's; serving.grpc_front's answer budget)."""
+        stream reset or its connection gone (grpc.aio's; serving.grpc.front's answer budget)."""
         stream = self.stream
         if stream.conn.streams.get(stream.id) is not stream:  # ended already (_forget)
             callback(self)
@@ -562,7 +562,7 @@ class GrpcServer:
                     break
         return handler
 
-    # -- streams (serving.http2's StreamHandler) ---------------------------------------------
+    # -- streams (serving.grpc.http2's StreamHandler) ---------------------------------------------
 
     def on_headers(self, stream: Stream, headers: list, end_stream: bool) -> None:
         if headers is self._read_headers:  # the same block again (Http2Connection._decode)

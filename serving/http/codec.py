@@ -9,19 +9,27 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
 
-from serving.compression import MAX_BODY_BYTES, decompress
-from serving.dtypes import DATATYPE_BY_DTYPE, DATATYPES, NOT_IN_NUMPY
-from serving.errors import InvalidInput, ServerFault
-from serving.json_numbers import FAST_MIN_BYTES, Numbers
-from serving.json_numbers import load as load_numeric_json
+from serving.core.dtypes import DATATYPES, NOT_IN_NUMPY
+from serving.core.errors import InvalidInput
+from serving.core.tensors import (
+    InferRequest,
+    InputTensor,
+    RequestedOutput,
+    answered_outputs,
+    binary_block,
+    binary_bytes,
+    datatype_of,
+)
+from serving.http.compression import MAX_BODY_BYTES, decompress
+from serving.http.json_numbers import FAST_MIN_BYTES, Numbers
+from serving.http.json_numbers import load as load_numeric_json
 
-#: BF16 and the like: JSON cannot carry them (see serving.dtypes).
+#: BF16 and the like: JSON cannot carry them (see serving.core.dtypes).
 _BINARY_ONLY = NOT_IN_NUMPY
 #: which numpy kinds a JSON array may arrive as for each datatype (see _json_numeric).
 _JSON_KINDS = {"BOOL": "b", "FP16": "iuf", "FP32": "iuf", "FP64": "iuf"}
@@ -29,42 +37,6 @@ _U32 = struct.Struct("<I")
 _JSON_CT = {"Content-Type": "application/json"}
 _SAGEMAKER_BINARY_CT = "application/vnd.sagemaker-triton.binary+json"
 _MISSING = object()
-
-
-@dataclass(slots=True)
-class InputTensor:
-    """One decoded input: `array` already has the declared shape and the datatype's dtype."""
-
-    name: str
-    datatype: str
-    shape: list[int]
-    parameters: dict
-    array: np.ndarray
-
-
-@dataclass(slots=True)
-class RequestedOutput:
-    """An output the client named; `binary` already folds in `binary_data_output`."""
-
-    name: str
-    binary: bool
-    parameters: dict = field(default_factory=dict)
-
-    @property
-    def classification(self) -> int:
-        """Top-k classes wanted (classification extension); 0 = the raw tensor."""
-        return self.parameters.get("classification", 0) or 0
-
-
-@dataclass(slots=True)
-class InferRequest:
-    """A decoded v2 infer request. `outputs` None means "every output"."""
-
-    id: str | None
-    parameters: dict
-    inputs: list[InputTensor]
-    outputs: list[RequestedOutput] | None
-    binary_output: bool
 
 
 # --------------------------------------------------------------------------- request
@@ -101,7 +73,7 @@ def decode_infer_request(
 
     Binary inputs become read-only views over `body`; JSON inputs are converted once: a plain
     JSON body of at least `fast_json_min_bytes` (None: never) first tries
-    serving.json_numbers, which reads numeric `data` straight into numpy and hands anything
+    serving.http.json_numbers, which reads numeric `data` straight into numpy and hands anything
     unusual back to orjson. Every malformed detail is an InvalidInput whose message names the
     input or field; a compressed body that inflates past `max_bytes` is PayloadTooLarge.
     """
@@ -233,7 +205,7 @@ def _json_input(name: str, datatype: str, dtype: np.dtype, shape: list[int],
     """The input's JSON 'data', converted once and checked against the shape."""
     if data is _MISSING:
         raise InvalidInput(f"input '{name}' has neither 'data' nor binary_data_size")
-    if type(data) is Numbers:  # serving.json_numbers read it; only numeric datatypes get here
+    if type(data) is Numbers:  # serving.http.json_numbers read it; only numeric datatypes get here
         array = _json_numeric(data, datatype, dtype, name)
     elif type(data) is not list:
         raise InvalidInput(f"input '{name}': 'data' must be a list")
@@ -324,36 +296,6 @@ def _nested_strings(data: list, name: str) -> list[bytes]:
     return items
 
 
-def binary_bytes(body: bytes, offset: int, size: int, count: int, name: str) -> np.ndarray:
-    """Split one BYTES block: each element is a 4-byte little-endian length then its bytes."""
-    stop = offset + size
-    items = []
-    pos = offset
-    unpack = _U32.unpack_from
-    for i in range(count):
-        if pos + 4 > stop:
-            raise InvalidInput(
-                f"input '{name}': binary BYTES data ends before element {i} of {count}"
-            )
-        (length,) = unpack(body, pos)
-        pos += 4
-        if pos + length > stop:
-            raise InvalidInput(
-                f"input '{name}': BYTES element {i} declares {length} bytes but only "
-                f"{stop - pos} remain in its binary_data_size"
-            )
-        items.append(bytes(body[pos:pos + length]))
-        pos += length
-    if pos != stop:
-        raise InvalidInput(
-            f"input '{name}': binary_data_size is {size} but its {count} BYTES elements "
-            f"use {size - (stop - pos)}"
-        )
-    array = np.empty(count, dtype=object)
-    array[:] = items
-    return array
-
-
 def _decode_outputs(raw: Any, binary_output: bool) -> list[RequestedOutput] | None:
     if raw is None:
         return None
@@ -380,20 +322,6 @@ def _decode_outputs(raw: Any, binary_output: bool) -> list[RequestedOutput] | No
 
 
 # -------------------------------------------------------------------------- response
-
-
-def datatype_of(array: np.ndarray) -> str:
-    """The v2 datatype name for a numpy array a runtime produced."""
-    name = DATATYPE_BY_DTYPE.get(array.dtype)
-    if name is not None:
-        return name
-    if array.dtype.kind in "OUS":
-        return "BYTES"
-    if not array.dtype.isnative:
-        name = DATATYPE_BY_DTYPE.get(array.dtype.newbyteorder("="))
-        if name is not None:
-            return name
-    raise ServerFault(f"numpy dtype {array.dtype} has no v2 datatype")
 
 
 def encode_infer_response(
@@ -441,29 +369,6 @@ def encode_infer_response(
     return b"".join([header, *blocks]), headers
 
 
-def answered_outputs(
-    outputs: dict[str, np.ndarray], requested: list[RequestedOutput] | None,
-    binary_output: bool, batched: bool,
-) -> list[tuple[str, np.ndarray, bool]]:
-    """(name, array, binary) of each output a response carries, in answer order: the ones the
-    client named (top-k classified where it asked for classification), else every output.
-    Every front (HTTP JSON/binary, gRPC) answers with this selection."""
-    if requested is None:
-        return [(name, array, binary_output) for name, array in outputs.items()]
-    answer = []
-    for req in requested:
-        array = outputs.get(req.name)
-        if array is None:
-            raise InvalidInput(
-                f"unknown output '{req.name}' (the model produces {', '.join(outputs)})"
-            )
-        k = req.classification
-        if k:
-            array = _classify(array, k, batched, req.name)
-        answer.append((req.name, array, req.binary))
-    return answer
-
-
 def _json_data(array: np.ndarray, datatype: str, name: str) -> Any:
     if datatype == "BYTES":
         try:
@@ -480,35 +385,3 @@ def _json_data(array: np.ndarray, datatype: str, name: str) -> Any:
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
     return np.ascontiguousarray(array).reshape(-1)  # orjson writes it as one flat list
-
-
-def binary_block(array: np.ndarray, datatype: str) -> Any:
-    """Raw little-endian bytes of one output; a buffer view where no conversion is needed."""
-    if datatype == "BYTES":
-        parts = []
-        for item in array.reshape(-1).tolist():
-            raw = item if isinstance(item, bytes) else str(item).encode()
-            parts.append(_U32.pack(len(raw)))
-            parts.append(raw)
-        return b"".join(parts)
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-
-
-def _classify(array: np.ndarray, k: int, batched: bool, name: str) -> np.ndarray:
-    """Classification extension: top-k "score:index" strings per row (Triton's format:
-    C++ to_string, so floats print with six decimals)."""
-    if array.dtype.kind not in "biuf":
-        raise InvalidInput(f"output '{name}': classification needs a numeric output")
-    per_row = batched and array.ndim >= 2
-    rows = array.reshape(array.shape[0], -1) if per_row else array.reshape(1, -1)
-    k = min(k, rows.shape[1])
-    order = np.argsort(-rows.astype(np.float64), axis=1, kind="stable")[:, :k]
-    as_float = array.dtype.kind == "f"
-    result = np.empty((rows.shape[0], k), dtype=object)
-    for r, (row, idx) in enumerate(zip(rows.tolist(), order.tolist(), strict=True)):
-        result[r] = [
-            (f"{row[i]:f}:{i}" if as_float else f"{int(row[i])}:{i}").encode() for i in idx
-        ]
-    return result if per_row else result.reshape(k)

@@ -5,8 +5,8 @@ uvicorn arms no timer before a request's headers are complete (only keep-alive, 
 response), and httptools accepts headers of any size, so without these a client that sends a
 byte a second, or megabytes of headers, holds its connection and memory for as long as it likes.
 Use it with `uvicorn.run(..., http=GuardedHttpToolsProtocol)` or
-`uvicorn --http serving.protocol:GuardedHttpToolsProtocol`; limits come from the environment
-(serving.limits.EdgeLimits). The body side is the app's (serving.limits.BodyReader).
+`uvicorn --http serving.http.protocol:GuardedHttpToolsProtocol`; limits come from the environment
+(serving.edge_limits.EdgeLimits). The body side is the app's (serving.edge_limits.BodyReader).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from serving.limits import EdgeLimits
+from serving.edge_limits import EdgeLimits
 
 
 def _raw_response(status: str, message: str, extra: bytes = b"") -> bytes:

@@ -15,11 +15,9 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from time import monotonic
 
-from serving.batching import DynamicBatcher
-from serving.dataplane import DataPlane, LoadedVersion, RouteTable
-from serving.hashing import file_sha256
-from serving.pipeline import PipelineBatcher, PipelineRuntime
-from serving.routes import (
+from serving.core.batching import DynamicBatcher
+from serving.core.dataplane import DataPlane, LoadedVersion, RouteTable
+from serving.core.desired_state import (
     SCALED_TO_ZERO,
     DesiredState,
     DesiredStateSource,
@@ -27,11 +25,13 @@ from serving.routes import (
     ObservedState,
     VersionSpec,
 )
-from serving.runtime import TENSORRT, OnnxRuntime, select_providers
-from serving.scaling import ScaleToZero, release_free_memory
-from serving.signature import batch_dimension
-from serving.stats import VersionStats
-from serving.trt_cache import engine_dir
+from serving.core.hashing import file_sha256
+from serving.core.pipeline import PipelineBatcher, PipelineRuntime
+from serving.core.runtime import TENSORRT, OnnxRuntime, select_providers
+from serving.core.scale_to_zero import ScaleToZero, release_free_memory
+from serving.core.stats import VersionStats
+from serving.core.tensor_signature import batch_dimension
+from serving.core.trt_cache import engine_dir
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def load_pipeline(spec: VersionSpec, dataplane: DataPlane) -> LoadedVersion:
 
 class Reconciler(ScaleToZero):
     """Keeps a DataPlane's route table following one source (and, per route, scales idle
-    models to zero: serving.scaling)."""
+    models to zero: serving.core.scale_to_zero)."""
 
     def __init__(
         self, source: DesiredStateSource, dataplane: DataPlane, *, poll_seconds: float = 1.0,

@@ -11,7 +11,7 @@ import functools
 import hashlib
 from pathlib import Path
 
-from serving.signature import batch_dimension
+from serving.core.tensor_signature import batch_dimension
 
 PRECISIONS = ("fp32", "fp16")
 

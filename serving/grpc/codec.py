@@ -1,6 +1,6 @@
 """KServe v2 gRPC messages <-> the data plane's decoded request and numpy outputs.
 
-The gRPC twin of serving.codec: `ModelInferRequest` becomes the same `InferRequest` the HTTP
+The gRPC twin of serving.http.codec: `ModelInferRequest` becomes the same `InferRequest` the HTTP
 front decodes, so validation, routing and batching are the data plane's, once. Inputs arrive
 either as `raw_input_contents` (one little-endian block per input, BYTES length-prefixed, as
 tritonclient.grpc sends them) or as typed `contents`; outputs always leave as
@@ -16,7 +16,9 @@ import math
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from serving.codec import (
+from serving.core.dtypes import DATATYPES
+from serving.core.errors import InvalidInput
+from serving.core.tensors import (
     InferRequest,
     InputTensor,
     RequestedOutput,
@@ -25,8 +27,6 @@ from serving.codec import (
     binary_bytes,
     datatype_of,
 )
-from serving.dtypes import DATATYPES
-from serving.errors import InvalidInput
 
 #: Which typed `contents` field carries each datatype (FP16 and BF16 have none: raw only).
 CONTENTS_FIELD = {
