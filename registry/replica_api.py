@@ -14,6 +14,14 @@ ETag is current waits up to S seconds (at most MMC_REPLICA_WAIT_SECONDS) for the
 one watcher per process reads the revision (every MMC_POLL_SECONDS, and at once on the Redis or
 in-process notice) and wakes every waiting request; nothing per replica touches the database
 while it waits. Raw ASGI on the console's event loop, so waiting requests hold no thread.
+
+The control path (the watcher's revision, credential checks, snapshot builds) has threads of its
+own, apart from heartbeats, leaves and artifacts, and at most HEARTBEAT_SLOTS heartbeats are
+read, decoded and stored at once; the others wait unread. A fleet whose heartbeats outrun the
+database so slows its heartbeats, not its deploys, and the event loop decodes no heartbeat
+before it can be stored (bench/fanout.py, 1,000 replicas × 215 loaded versions: with one queue
+for both, every deploy waited behind thousands of heartbeat writes and none reached a replica
+within 30 s).
 """
 
 from __future__ import annotations
@@ -52,6 +60,8 @@ CHUNK = 1024 * 1024
 #: How long a credential found good (or bad) is believed before the database is asked again:
 #: a revoked one is refused at most this long after (a waiting poll too, before it answers).
 CREDENTIAL_TTL_S = 5.0
+#: Heartbeats read, decoded and stored at once (the write threads); the rest wait unread.
+HEARTBEAT_SLOTS = 4
 
 
 @dataclass(frozen=True)
@@ -73,7 +83,10 @@ class ReplicaApi:
     def __init__(self) -> None:
         # Its own threads for the ORM: replicas never queue behind the console's pages (Django
         # runs every synchronous view on one thread under ASGI), nor those pages behind them.
-        self._pool = ThreadPoolExecutor(4, thread_name_prefix="mmc-replica-api")
+        # The control path apart from heartbeats and artifacts: a deploy never waits behind them.
+        self._pool = ThreadPoolExecutor(HEARTBEAT_SLOTS, thread_name_prefix="mmc-replica-api")
+        self._reads = ThreadPoolExecutor(2, thread_name_prefix="mmc-replica-api-control")
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self._snapshot: Snapshot | None = None
         self._build = asyncio.Lock()
         self._start = asyncio.Lock()
@@ -86,13 +99,23 @@ class ReplicaApi:
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    async def _db(self, fn, *args, **kwargs):
+    async def _db(self, fn, *args, _executor=None, **kwargs):
         def call():
             try:
                 return fn(*args, **kwargs)
             finally:
                 close_old_connections()
-        return await sync_to_async(call, thread_sensitive=False, executor=self._pool)()
+        return await sync_to_async(call, thread_sensitive=False,
+                                   executor=_executor or self._pool)()
+
+    async def _read(self, fn, *args, **kwargs):
+        return await self._db(fn, *args, _executor=self._reads, **kwargs)
+
+    def _heartbeat_slots(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots[0] is not loop:  # a semaphore keeps to one loop
+            self._slots = (loop, asyncio.Semaphore(HEARTBEAT_SLOTS))
+        return self._slots[1]
 
     @staticmethod
     async def _answer(send, status: int, body: bytes = b"", headers=()) -> None:
@@ -146,7 +169,7 @@ class ReplicaApi:
         cached = self._credentials.get(raw)
         if cached is not None and cached[0] > now:
             return cached[1]
-        name = await self._db(credential_check, raw)
+        name = await self._read(credential_check, raw)
         if len(self._credentials) > 1000:
             self._credentials.clear()  # guessing costs the guesser a lookup each, no memory
         self._credentials[raw] = (now + CREDENTIAL_TTL_S, name)
@@ -190,7 +213,7 @@ class ReplicaApi:
         async with self._start:
             if self._watcher is None or self._watcher.done():
                 self._changed, self._hint = asyncio.Event(), asyncio.Event()
-                self._revision = await self._db(current_revision)
+                self._revision = await self._read(current_revision)
                 self._watcher = asyncio.get_running_loop().create_task(self._watch())
         return self._revision
 
@@ -201,7 +224,7 @@ class ReplicaApi:
         async with self._build:  # one build per revision, whoever waits for it
             snapshot = self._snapshot
             if snapshot is None or snapshot.revision < revision:
-                snapshot = self._snapshot = await self._db(_build_snapshot)
+                snapshot = self._snapshot = await self._read(_build_snapshot)
                 self.builds += 1
             return snapshot
 
@@ -226,7 +249,7 @@ class ReplicaApi:
                     pass
                 hint.clear()
                 try:
-                    revision = await self._db(_revision_and_watch)
+                    revision = await self._read(_revision_and_watch)
                 except Exception as exc:  # the database away: waiting requests time out
                     log.debug("replica API watcher: %s", exc)
                     continue
@@ -246,6 +269,10 @@ class ReplicaApi:
                                      or int(declared) > MAX_HEARTBEAT_BYTES):
             return await self._error(send, 413, f"a heartbeat is at most {MAX_HEARTBEAT_BYTES} "
                                      "bytes")
+        async with self._heartbeat_slots():  # its turn before a byte of it is read
+            return await self._heartbeat_in_slot(replica, receive, send)
+
+    async def _heartbeat_in_slot(self, replica: str, receive, send) -> None:
         body = bytearray()
         while True:
             message = await receive()
