@@ -70,6 +70,8 @@ TIMEOUT_S = 10.0  # HttpRegistrySource's timeout_seconds
 STALE_S = 10.0  # MMC_REPLICA_STALE_SECONDS
 TICK = os.sysconf("SC_CLK_TCK")
 
+from serving.core.state_wire import FULL_HEARTBEAT_EVERY_S  # noqa: E402
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -79,6 +81,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--heartbeat", type=float, default=2.0,
                    help="MMC_HEARTBEAT_SECONDS (default 2.0); 0: no heartbeats at all (the "
                         "long polls alone)")
+    p.add_argument("--full-heartbeats", action="store_true",
+                   help="every heartbeat carries the whole state (before \"same\" heartbeats)")
     p.add_argument("--deploy-every", type=float, default=10.0)
     p.add_argument("--baseline", type=float, default=20.0, help="probe seconds before the fleet")
     p.add_argument("--probe-rate", type=float, default=5.0, help="probe requests/s")
@@ -426,11 +430,15 @@ class Bodies:
             cached = self.cache[(revision, second)] = orjson.dumps(versions)
         return cached
 
-    def body(self, replica: Replica) -> bytes:
+    def body(self, replica: Replica, *, same: bool = False) -> bytes:
+        """The whole observed state, or (`same`) a heartbeat saying it is as last reported, as
+        serving.sources.control_plane sends while nothing changed."""
         head = (f'{{"replica":"{replica.name}","revision":{replica.revision},'
                 f'"degraded":null,"address":"{replica.address}",'
-                f'"started_at":{replica.started_at},"versions":').encode()
-        return head + self.versions(replica.revision) + b"}"
+                f'"started_at":{replica.started_at},').encode()
+        if same:
+            return head + b'"same":true}'
+        return head + b'"versions":' + self.versions(replica.revision) + b"}"
 
 
 class Replica:
@@ -444,6 +452,10 @@ class Replica:
         self.received: dict[int, float] = {}  # revision -> when its body was in
         self.beats: list[float] = []  # when each heartbeat's 204 came
         self.beat_lock = asyncio.Lock()
+        # the revision and moment of its last acknowledged full heartbeat: until the revision
+        # moves (its versions change) or FULL_HEARTBEAT_EVERY_S pass, it says "same"
+        self.reported_revision: int | None = None
+        self.reported_at = 0.0
 
 
 class Fleet:
@@ -470,6 +482,7 @@ class Fleet:
                          for i in range(args.replicas)]
         self.beat_latency: list[float] = []
         self.beat_outcomes: dict[str, int] = defaultdict(int)
+        self.beat_kinds: dict[str, int] = defaultdict(int)  # "full" / "same", acknowledged or not
         self.poll_outcomes: dict[str, int] = defaultdict(int)
         self.poll_errors: list[str] = []
         self.beat_errors: list[str] = []
@@ -537,12 +550,21 @@ class Fleet:
         async with r.beat_lock:  # one source thread: a replica's calls never overlap
             if self.stop.is_set():
                 return
-            body = self.bodies.body(r)
             t0 = time.monotonic()
+            same = (not self.args.full_heartbeats and r.reported_revision == r.revision
+                    and t0 - r.reported_at < FULL_HEARTBEAT_EVERY_S)
             try:
                 resp = await r.beat_client.put(f"/api/v1/replica/heartbeats/{r.name}",
-                                               content=body)
+                                               content=self.bodies.body(r, same=same))
+                if resp.status_code == 409 and same:  # none held: the whole state
+                    same = False
+                    resp = await r.beat_client.put(f"/api/v1/replica/heartbeats/{r.name}",
+                                                   content=self.bodies.body(r))
                 outcome = str(resp.status_code)
+                if outcome == "204" and not same:
+                    r.reported_revision, r.reported_at = r.revision, t0
+                if self.counting():
+                    self.beat_kinds["same" if same else "full"] += 1
             except self.httpx.HTTPError as exc:
                 outcome = type(exc).__name__
                 if self.counting():
@@ -798,6 +820,7 @@ def report(args, db, total_versions, console, baseline, base_cpu, fleet, cold, p
             f"the one after each new table. Achieved: {ok / elapsed:,.1f}/s answered 204 "
             f"({ok / elapsed / asked_total:.0%} of asked); outcomes "
             + ", ".join(f"{k}: {v:,}" for k, v in sorted(fleet.beat_outcomes.items()))
+            + "; sent " + ", ".join(f"{k}: {v:,}" for k, v in sorted(fleet.beat_kinds.items()))
             + f". A heartbeat's latency (204s): p50 {ms(quantile(fleet.beat_latency, 0.5))} ms, "
             f"p99 {ms(quantile(fleet.beat_latency, 0.99))} ms.", "",
             f"Gap between a replica's heartbeats (asked {args.heartbeat:g} s): p50 "

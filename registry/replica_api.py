@@ -1,7 +1,8 @@
 """The replica API: how a serving replica with no database settings follows the control plane.
 
     GET    /api/v1/replica/desired-state[?wait=S]   If-None-Match: "r<revision>"
-    PUT    /api/v1/replica/heartbeats/<replica>     (its observed state, serving.core.state_wire)
+    PUT    /api/v1/replica/heartbeats/<replica>     (its observed state, serving.core.state_wire;
+                                                     "same": true when nothing changed)
     DELETE /api/v1/replica/heartbeats/<replica>     (a graceful stop)
     GET    /api/v1/replica/artifacts/<sha256>       (an artifact the desired state references)
 
@@ -44,7 +45,12 @@ from django.db import close_old_connections
 from registry.logfilters import database_unavailable
 from registry.notify import current_revision, listen_redis, subscribe_in_process
 from registry.services import analysis_watch
-from registry.services.replicas import credential_check, heartbeat_store, replica_leave
+from registry.services.replicas import (
+    credential_check,
+    heartbeat_store,
+    heartbeat_touch,
+    replica_leave,
+)
 from registry.serving_source import build_desired_state
 from registry.store.artifacts import ArtifactUnavailable, default_store
 from serving.core.state_wire import WireError, decode_observed, encode_desired
@@ -296,7 +302,12 @@ class ReplicaApi:
             started_at = datetime.fromtimestamp(started, tz=UTC)
         except (orjson.JSONDecodeError, WireError, ValueError, OverflowError, OSError) as exc:
             return await self._error(send, 400, f"not a heartbeat: {exc}"[:500])
-        await self._db(heartbeat_store, observed, address=address, started_at=started_at)
+        if observed.versions is None:  # "same": as last reported
+            if not await self._db(heartbeat_touch, observed, address=address):
+                return await self._error(send, 409, f"no state of replica {replica!r} is held "
+                                         "(removed or forgotten): send all of it")
+        else:
+            await self._db(heartbeat_store, observed, address=address, started_at=started_at)
         await self._answer(send, 204)
 
     # -- artifacts -----------------------------------------------------------------------------

@@ -161,6 +161,12 @@ def test_the_replica_credential_is_refused_by_every_api_route(client, engineer, 
         assert status == 401 and "replica credential" in error
 
 
+def row(name: str):
+    from registry.models import ReplicaHeartbeat
+
+    return ReplicaHeartbeat.objects.get(replica=name)
+
+
 def test_desired_state_long_poll_snapshot_artifacts_and_heartbeat_refusals(
         engineer, ready_model, credential):
     """In process (ASGI): one snapshot for many replicas; a long poll answers at the next
@@ -223,11 +229,25 @@ def test_desired_state_long_poll_snapshot_artifacts_and_heartbeat_refusals(
                                  headers={"Content-Length": str(64 * 1024 * 1024)},
                                  content=b"")
             assert big.status_code == 413
-            ok = await http.put("/api/v1/replica/heartbeats/h9",
-                                json={"revision": 1, "versions": {}, "address": "x",
-                                      "started_at": time.time()})
+            same = {"revision": 2, "same": True, "degraded": None, "address": "x",
+                    "started_at": time.time()}
+            unknown = await http.put("/api/v1/replica/heartbeats/h9", json=same)
+            assert unknown.status_code == 409 and "send all" in unknown.json()["error"]
+            full = {"revision": 1, "address": "x", "started_at": time.time(),
+                    "versions": {"hx:1": {"state": "READY", "stats": {
+                        "count": 3, "errors": 0, "latency_buckets": [3]}}}}
+            ok = await http.put("/api/v1/replica/heartbeats/h9", json=full)
             assert ok.status_code == 204
+            before = await asyncio.to_thread(row, "h9")
+            await asyncio.sleep(0.05)
+            ok = await http.put("/api/v1/replica/heartbeats/h9", json=same)  # as last reported
+            assert ok.status_code == 204
+            after = await asyncio.to_thread(row, "h9")
+            assert after.versions == before.versions and after.revision == 2
+            assert after.last_seen > before.last_seen
             assert (await http.delete("/api/v1/replica/heartbeats/h9")).status_code == 204
+            gone = await http.put("/api/v1/replica/heartbeats/h9", json=same)
+            assert gone.status_code == 409  # left: the next heartbeat must carry everything
 
     asyncio.run(scenario())
 

@@ -56,6 +56,21 @@ def heartbeat_store(observed: ObservedState, *, address: str, started_at: dateti
         record_samples(observed.replica, observed.versions)
 
 
+def heartbeat_touch(observed: ObservedState, *, address: str,
+                    now: datetime | None = None) -> bool:
+    """A heartbeat whose versions are as last reported: its row's revision, health and last
+    moment only (no versions rewritten, no samples). False when there is no row to touch (the
+    replica was removed or forgotten): it must report everything again."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        behind = observed.revision < current_revision()
+        touched = ReplicaHeartbeat.objects.filter(replica=observed.replica).update(
+            revision=observed.revision, degraded=(observed.degraded or "")[:200],
+            address=address[:200], last_seen=now,
+            behind_since=Coalesce(F("behind_since"), Value(now)) if behind else None)
+    return touched == 1
+
+
 def replica_leave(name: str) -> None:
     """A graceful shutdown: drop the replica's heartbeat, so it is not shown as lost."""
     ReplicaHeartbeat.objects.filter(replica=name).delete()

@@ -73,7 +73,18 @@ def encode_desired(state: DesiredState) -> dict:
             "versions": [_spec(s) for _, s in sorted(state.versions.items())]}
 
 
-def encode_observed(observed: ObservedState) -> dict:
+#: A replica whose versions are all as it last reported them sends `"same": true` instead of
+#: them (a few dozen bytes, one row's last_seen touched), but the whole state at least this
+#: often, so idle versions still get a statistics sample a minute.
+FULL_HEARTBEAT_EVERY_S = 60.0
+
+
+def encode_observed(observed: ObservedState, *, same: bool = False) -> dict:
+    """The heartbeat body; `same`: the versions are those of the last acknowledged heartbeat
+    (left out; the control plane answers 409 when it holds none, and the replica sends all)."""
+    if same:
+        return {"replica": observed.replica, "revision": observed.revision, "same": True,
+                "degraded": observed.degraded}
     return {"replica": observed.replica, "revision": observed.revision,
             "versions": observed.versions, "degraded": observed.degraded}
 
@@ -193,8 +204,12 @@ def decode_desired(doc, *, artifact_path: Callable[[str], str],
 
 
 def decode_observed(doc, *, replica: str) -> ObservedState:
-    """A heartbeat body for `replica` (the name in its URL)."""
+    """A heartbeat body for `replica` (the name in its URL). A `"same": true` one decodes with
+    versions None: as last reported."""
     doc = _obj(doc, "heartbeat")
+    if doc.get("same") is True:
+        return ObservedState(replica=replica, revision=_get(doc, "revision", int, "heartbeat"),
+                             versions=None, degraded=_text(doc, "degraded", "heartbeat"))
     versions = _obj(doc.get("versions", {}), "heartbeat.versions")
     for key, state in versions.items():
         model, colon, number = key.rpartition(":")

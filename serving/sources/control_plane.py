@@ -25,7 +25,12 @@ import httpx
 from serving.core.desired_state import DesiredState, ObservedState, VersionSpec
 from serving.core.errors import Conflict, Forbidden, InvalidInput, ModelNotFound, Unauthorized
 from serving.core.reconciler import LoadFailed
-from serving.core.state_wire import WireError, decode_desired, encode_observed
+from serving.core.state_wire import (
+    FULL_HEARTBEAT_EVERY_S,
+    WireError,
+    decode_desired,
+    encode_observed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +88,8 @@ class HttpRegistrySource:
         self._following = False
         self._follow_error: str | None = None
         self._stop = threading.Event()
+        self._reported: dict | None = None  # the versions of the last acknowledged heartbeat
+        self._reported_at = 0.0
 
     # -- desired state -------------------------------------------------------------------------
 
@@ -166,11 +173,24 @@ class HttpRegistrySource:
     # -- heartbeats ----------------------------------------------------------------------------
 
     def report(self, observed: ObservedState) -> None:
-        body = {**encode_observed(observed), "address": self.address,
-                "started_at": self.started_at}
-        response = self._client.put(f"/api/v1/replica/heartbeats/{observed.replica}", json=body)
+        """A heartbeat: `"same": true` while every version is as last acknowledged (at most
+        FULL_HEARTBEAT_EVERY_S), else the whole observed state."""
+        now = time.monotonic()
+        same = (observed.versions == self._reported
+                and now - self._reported_at < FULL_HEARTBEAT_EVERY_S)
+        response = self._put_heartbeat(observed, same)
+        if response.status_code == 409 and same:  # the control plane holds none: all of it
+            same = False
+            response = self._put_heartbeat(observed, same)
         if response.status_code != 204:
             raise SourceUnavailable(_why(response))
+        if not same:
+            self._reported, self._reported_at = observed.versions, now
+
+    def _put_heartbeat(self, observed: ObservedState, same: bool) -> httpx.Response:
+        body = {**encode_observed(observed, same=same), "address": self.address,
+                "started_at": self.started_at}
+        return self._client.put(f"/api/v1/replica/heartbeats/{observed.replica}", json=body)
 
     def leave(self, replica: str) -> None:
         response = self._client.delete(f"/api/v1/replica/heartbeats/{replica}")
