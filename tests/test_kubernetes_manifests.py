@@ -150,7 +150,7 @@ def test_the_documented_autoscaler_scales_on_a_metric_serving_exports():
     (metric,) = hpa["spec"]["metrics"]
     name = metric["pods"]["metric"]["name"]
     assert name == "nv_inference_pending_request_count"
-    assert f'"{name}"' in (REPO / "serving" / "stats.py").read_text()
+    assert f'"{name}"' in (REPO / "serving" / "core" / "stats.py").read_text()
     (adapter,) = kube.load_documents(EXTRAS / "prometheus-adapter-rules.yaml")
     (rule,) = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
     assert rule["seriesQuery"].startswith(name + "{")
