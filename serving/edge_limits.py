@@ -13,6 +13,7 @@ import asyncio
 import ctypes
 import functools
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,6 +30,8 @@ UNBUDGETED_BYTES = 64 * 1024
 #: conv binary c=8 lost 6 % trimming once a second).
 TRIM_AFTER_BYTES = 32 * 1024 * 1024
 TRIM_DELAY_S = 1.0
+#: A worker that answered requests and then none for this long trims its heap (trim_when_idle).
+IDLE_TRIM_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -281,6 +284,42 @@ def trim_heap_soon(delay: float = TRIM_DELAY_S, ready: Callable[[], bool] | None
 
 
 _trim_pending = False
+
+
+def trim_heap_now() -> None:
+    """Give freed heap pages back to the OS now (glibc's malloc_trim; elsewhere nothing)."""
+    malloc_trim = _malloc_trim()
+    if malloc_trim is not None:
+        malloc_trim(0)
+
+
+class IdleTrim:
+    """When to give the heap back: once the process has answered requests and then none for
+    `quiet_s`, once per such pause. Under a steady load never (trimming under load costs page
+    faults); a burst's arenas (tens of MB after a few hundred conv requests) go back when it
+    ends."""
+
+    def __init__(self, quiet_s: float = IDLE_TRIM_S, *, now: float = 0.0) -> None:
+        self.quiet_s = quiet_s
+        self.trimmed_at = now
+
+    def due(self, in_flight: int, last_end: float, now: float) -> bool:
+        """Whether to trim now, given the requests in flight and when the last one ended."""
+        if in_flight or last_end <= self.trimmed_at or now - last_end < self.quiet_s:
+            return False
+        self.trimmed_at = now
+        return True
+
+
+async def trim_when_idle(busy_since: Callable[[], tuple[int, float]],
+                         quiet_s: float = IDLE_TRIM_S) -> None:
+    """Forever: trim the heap when IdleTrim says so. `busy_since()` says how many requests are
+    in flight and when the last one ended (monotonic)."""
+    policy = IdleTrim(quiet_s, now=time.monotonic())
+    while True:
+        await asyncio.sleep(quiet_s)
+        if policy.due(*busy_since(), time.monotonic()):
+            trim_heap_now()
 
 
 @functools.cache

@@ -298,6 +298,14 @@ class DataPlane:
 
     # -- inference ---------------------------------------------------------------------------
 
+    def busy_since(self) -> tuple[int, float]:
+        """Requests in flight now, and when the last one ended (monotonic; 0: none yet)."""
+        in_flight, last = 0, 0.0
+        for count, ended in list(self.activity.values()):
+            in_flight += count
+            last = max(last, ended)
+        return in_flight, last
+
     async def predict(
         self, model: str, version: str | None, request: InferRequest, *,
         routing_key: str | None = None, api_key: str | None = None,

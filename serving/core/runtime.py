@@ -7,8 +7,6 @@ onnxruntime is imported lazily so the control plane can import this module (for
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import itertools
 import os
 import time
@@ -19,6 +17,7 @@ import numpy as np
 
 from serving.core.dtypes import NUMPY_DTYPES
 from serving.core.errors import InvalidInput
+from serving.core.gpu import gpu_available
 
 TENSORRT = "TensorrtExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -35,31 +34,6 @@ _ORT_TO_V2 = {
 }
 _OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
                "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
-
-
-@functools.cache
-def gpu_available() -> bool:
-    """Whether a CUDA device is really usable, asked of the driver (libcuda), once per process.
-
-    onnxruntime-gpu lists CUDA/TensorRT providers whether or not a GPU exists, so its list is
-    no evidence. Note: cuInit initialises the driver in this process; CUDA does not survive a
-    fork, so call this after forking worker processes, not before.
-    """
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return False
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    try:
-        if lib.cuInit(0) != 0:
-            return False
-        count = ctypes.c_int(0)
-        if lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
-            return False
-        return count.value > 0
-    except (AttributeError, OSError):
-        return False
 
 
 def select_providers(pinned: Sequence[str] | None = None) -> list[str]:

@@ -32,7 +32,7 @@ from serving.core.rate_limits import DEFAULT_SYNC_SECONDS, Admission, quota_stor
 from serving.core.reconciler import Reconciler
 from serving.core.response_cache import DEFAULT_RESPONSE_CACHE_BYTES
 from serving.core.stats import ServingCollector, VersionStats, render_metrics
-from serving.edge_limits import BodyReader, EdgeLimits
+from serving.edge_limits import BodyReader, EdgeLimits, trim_when_idle
 from serving.http.codec import (
     decode_infer_request,
     encode_infer_response,
@@ -201,6 +201,7 @@ class ServingApp:
         self._start_lock: asyncio.Lock | None = None
         self.grpc = None  # the GrpcFront, while settings.grpc_port asks for one
         self._drain_task: asyncio.Task | None = None
+        self._trim_task: asyncio.Task | None = None  # the heap back to the OS once idle
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -220,6 +221,9 @@ class ServingApp:
                 await self._start_grpc()
             if not self._started and self.dataplane.siblings is not None:
                 self.dataplane.siblings.start()
+            if not self._started:
+                self._trim_task = asyncio.get_running_loop().create_task(
+                    trim_when_idle(self.dataplane.busy_since))
             self._started = True
 
     async def _start_grpc(self) -> None:
@@ -261,6 +265,9 @@ class ServingApp:
             await self.dataplane.admission.stop()
         if self._started and self.dataplane.siblings is not None:
             await self.dataplane.siblings.stop()
+        if self._trim_task is not None:
+            self._trim_task.cancel()
+            self._trim_task = None
         self._started = False
 
     # -- ASGI --------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def resolve_workers(value: str) -> int:
     """`--workers`: a number, or `auto` = one per usable CPU, at most AUTO_MAX_WORKERS, and one
     where a GPU does the compute (one process per GPU, as Triton places one instance per GPU)."""
     if value.strip().lower() == "auto":
-        from serving.core.runtime import gpu_available
+        from serving.core.gpu import gpu_available  # no numpy or onnxruntime for this
 
         return 1 if gpu_available() else min(usable_cpus(), AUTO_MAX_WORKERS)
     try:

@@ -266,11 +266,11 @@ def test_workers_flag_takes_a_count_or_auto(monkeypatch):
         with pytest.raises(ValueError, match="--workers"):
             supervisor.resolve_workers(bad)
     monkeypatch.setattr(supervisor, "usable_cpus", lambda: 16)
-    monkeypatch.setattr("serving.core.runtime.gpu_available", lambda: False)
+    monkeypatch.setattr("serving.core.gpu.gpu_available", lambda: False)
     assert supervisor.resolve_workers("auto") == supervisor.AUTO_MAX_WORKERS
     monkeypatch.setattr(supervisor, "usable_cpus", lambda: 2)
     assert supervisor.resolve_workers("auto") == 2
-    monkeypatch.setattr("serving.core.runtime.gpu_available", lambda: True)
+    monkeypatch.setattr("serving.core.gpu.gpu_available", lambda: True)
     assert supervisor.resolve_workers("auto") == 1
 
 
