@@ -456,6 +456,7 @@ class Replica:
         # moves (its versions change) or FULL_HEARTBEAT_EVERY_S pass, it says "same"
         self.reported_revision: int | None = None
         self.reported_at = 0.0
+        self.quiet_until = 0.0  # a 503's Retry-After
 
 
 class Fleet:
@@ -551,6 +552,8 @@ class Fleet:
             if self.stop.is_set():
                 return
             t0 = time.monotonic()
+            if t0 < r.quiet_until:
+                return
             same = (not self.args.full_heartbeats and r.reported_revision == r.revision
                     and t0 - r.reported_at < FULL_HEARTBEAT_EVERY_S)
             try:
@@ -561,6 +564,9 @@ class Fleet:
                     resp = await r.beat_client.put(f"/api/v1/replica/heartbeats/{r.name}",
                                                    content=self.bodies.body(r))
                 outcome = str(resp.status_code)
+                if outcome == "503":  # shed: the replica waits Retry-After before the next
+                    retry = resp.headers.get("retry-after", "")
+                    r.quiet_until = t0 + (float(retry) if retry.isdigit() else 5.0)
                 if outcome == "204" and not same:
                     r.reported_revision, r.reported_at = r.revision, t0
                 if self.counting():

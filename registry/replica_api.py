@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
+import random
 import re
 import threading
 import time
@@ -48,7 +49,7 @@ from registry.services import analysis_watch
 from registry.services.replicas import (
     credential_check,
     heartbeat_store,
-    heartbeat_touch,
+    heartbeats_touch,
     replica_leave,
 )
 from registry.serving_source import build_desired_state
@@ -68,6 +69,14 @@ CHUNK = 1024 * 1024
 CREDENTIAL_TTL_S = 5.0
 #: Heartbeats read, decoded and stored at once (the write threads); the rest wait unread.
 HEARTBEAT_SLOTS = 4
+#: Whole-state heartbeats waiting for a slot past which the next is answered 503 + Retry-After
+#: (2-10 s): a fleet that outruns the database is told to come back, not left to time out and
+#: send it again at once.
+HEARTBEAT_QUEUE = 64
+#: A heartbeat body this small is read at once: a "same" one (or next to nothing loaded).
+SMALL_HEARTBEAT_BYTES = 4096
+#: "same" heartbeats arriving within this long are touched by one statement.
+TOUCH_GATHER_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,9 @@ class ReplicaApi:
         self._pool = ThreadPoolExecutor(HEARTBEAT_SLOTS, thread_name_prefix="mmc-replica-api")
         self._reads = ThreadPoolExecutor(2, thread_name_prefix="mmc-replica-api-control")
         self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        self._waiting = 0  # whole-state heartbeats waiting for a slot
+        self._touches: list = []  # gathered "same" heartbeats: (observed, address, future)
+        self._toucher: asyncio.Task | None = None
         self._snapshot: Snapshot | None = None
         self._build = asyncio.Lock()
         self._start = asyncio.Lock()
@@ -275,10 +287,27 @@ class ReplicaApi:
                                      or int(declared) > MAX_HEARTBEAT_BYTES):
             return await self._error(send, 413, f"a heartbeat is at most {MAX_HEARTBEAT_BYTES} "
                                      "bytes")
-        async with self._heartbeat_slots():  # its turn before a byte of it is read
+        if declared is not None and int(declared) <= SMALL_HEARTBEAT_BYTES:
+            # "same" (or a replica that runs next to nothing): read at once, gathered
+            return await self._heartbeat_in_slot(replica, receive, send, small=True)
+        if self._waiting >= HEARTBEAT_QUEUE:  # shed: a retry later beats a timeout
+            return await self._error(send, 503, "the control plane is storing other replicas' "
+                                     "heartbeats; send this one again later",
+                                     [(b"retry-after", b"%d" % random.randint(2, 10)),
+                                      (b"connection", b"close")])
+        slots = self._heartbeat_slots()
+        self._waiting += 1
+        try:
+            await slots.acquire()  # its turn before a byte of it is read
+        finally:
+            self._waiting -= 1
+        try:
             return await self._heartbeat_in_slot(replica, receive, send)
+        finally:
+            slots.release()
 
-    async def _heartbeat_in_slot(self, replica: str, receive, send) -> None:
+    async def _heartbeat_in_slot(self, replica: str, receive, send, *,
+                                 small: bool = False) -> None:
         body = bytearray()
         while True:
             message = await receive()
@@ -303,12 +332,42 @@ class ReplicaApi:
         except (orjson.JSONDecodeError, WireError, ValueError, OverflowError, OSError) as exc:
             return await self._error(send, 400, f"not a heartbeat: {exc}"[:500])
         if observed.versions is None:  # "same": as last reported
-            if not await self._db(heartbeat_touch, observed, address=address):
+            if not await self._touch(observed, address):
                 return await self._error(send, 409, f"no state of replica {replica!r} is held "
                                          "(removed or forgotten): send all of it")
+        elif small:  # a small whole state: its turn like any other
+            async with self._heartbeat_slots():
+                await self._db(heartbeat_store, observed, address=address,
+                               started_at=started_at)
         else:
             await self._db(heartbeat_store, observed, address=address, started_at=started_at)
         await self._answer(send, 204)
+
+    async def _touch(self, observed, address: str) -> bool:
+        """Gather a "same" heartbeat with the others arriving within TOUCH_GATHER_S: one
+        statement touches them all (services.replicas.heartbeats_touch). Whether its row was
+        there to touch."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._touches.append((observed, address, done))
+        if self._toucher is None or self._toucher.done() or self._toucher.get_loop() is not loop:
+            self._toucher = loop.create_task(self._write_touches())
+        return await done
+
+    async def _write_touches(self) -> None:
+        while self._touches:
+            await asyncio.sleep(TOUCH_GATHER_S)
+            batch, self._touches = self._touches, []
+            try:
+                touched = await self._db(heartbeats_touch, [(o, a) for o, a, _ in batch])
+            except Exception as exc:  # each answers it (503: the database is away)
+                for _, _, done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+                continue
+            for observed, _, done in batch:
+                if not done.done():
+                    done.set_result(observed.replica in touched)
 
     # -- artifacts -----------------------------------------------------------------------------
 

@@ -245,6 +245,18 @@ def test_desired_state_long_poll_snapshot_artifacts_and_heartbeat_refusals(
             after = await asyncio.to_thread(row, "h9")
             assert after.versions == before.versions and after.revision == 2
             assert after.last_seen > before.last_seen
+            import registry.replica_api as api
+
+            queue, api.HEARTBEAT_QUEUE = api.HEARTBEAT_QUEUE, 0  # a storm: shed the large ones
+            try:
+                big_state = {**full, "versions": {f"hx:{n}": {"state": "READY"}
+                                                  for n in range(1, 400)}}
+                shed = await http.put("/api/v1/replica/heartbeats/h9", json=big_state)
+                assert shed.status_code == 503 and 2 <= int(shed.headers["retry-after"]) <= 10
+                ok = await http.put("/api/v1/replica/heartbeats/h9", json=same)  # small: served
+                assert ok.status_code == 204
+            finally:
+                api.HEARTBEAT_QUEUE = queue
             assert (await http.delete("/api/v1/replica/heartbeats/h9")).status_code == 204
             gone = await http.put("/api/v1/replica/heartbeats/h9", json=same)
             assert gone.status_code == 409  # left: the next heartbeat must carry everything

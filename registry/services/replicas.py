@@ -14,7 +14,7 @@ import secrets
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -56,19 +56,33 @@ def heartbeat_store(observed: ObservedState, *, address: str, started_at: dateti
         record_samples(observed.replica, observed.versions)
 
 
-def heartbeat_touch(observed: ObservedState, *, address: str,
-                    now: datetime | None = None) -> bool:
-    """A heartbeat whose versions are as last reported: its row's revision, health and last
-    moment only (no versions rewritten, no samples). False when there is no row to touch (the
-    replica was removed or forgotten): it must report everything again."""
+def heartbeats_touch(beats: list[tuple[ObservedState, str]], *,
+                     now: datetime | None = None) -> set[str]:
+    """Heartbeats whose versions are as last reported ("same"), each (observed, address), in
+    one statement (the replica API gathers those that arrive together): each row's revision,
+    health, address and last moment only; no versions rewritten, no samples. The names whose
+    row was touched; the others have none (removed, forgotten, left) and must report
+    everything."""
+    if not beats:
+        return set()
     now = now or timezone.now()
+    table = connection.ops.quote_name(ReplicaHeartbeat._meta.db_table)
+    rows, params = [], []
+    for observed, address in {o.replica: (o, a) for o, a in beats}.values():
+        rows.append("(%s, CAST(%s AS BIGINT), %s, %s)")
+        params += [observed.replica, observed.revision, (observed.degraded or "")[:200],
+                   address[:200]]
     with transaction.atomic():
-        behind = observed.revision < current_revision()
-        touched = ReplicaHeartbeat.objects.filter(replica=observed.replica).update(
-            revision=observed.revision, degraded=(observed.degraded or "")[:200],
-            address=address[:200], last_seen=now,
-            behind_since=Coalesce(F("behind_since"), Value(now)) if behind else None)
-    return touched == 1
+        revision = current_revision()
+        with connection.cursor() as cur:
+            cur.execute(
+                f"WITH v(replica, revision, degraded, address) AS (VALUES {', '.join(rows)}) "
+                f"UPDATE {table} SET revision = v.revision, degraded = v.degraded, "
+                f"address = v.address, last_seen = %s, behind_since = CASE WHEN v.revision < %s "
+                f"THEN COALESCE({table}.behind_since, %s) ELSE NULL END "
+                f"FROM v WHERE {table}.replica = v.replica RETURNING {table}.replica",
+                [*params, now, revision, now])
+            return {row[0] for row in cur.fetchall()}
 
 
 def replica_leave(name: str) -> None:

@@ -90,6 +90,7 @@ class HttpRegistrySource:
         self._stop = threading.Event()
         self._reported: dict | None = None  # the versions of the last acknowledged heartbeat
         self._reported_at = 0.0
+        self._quiet_until = 0.0  # no heartbeat before (a 503's Retry-After)
 
     # -- desired state -------------------------------------------------------------------------
 
@@ -176,12 +177,17 @@ class HttpRegistrySource:
         """A heartbeat: `"same": true` while every version is as last acknowledged (at most
         FULL_HEARTBEAT_EVERY_S), else the whole observed state."""
         now = time.monotonic()
+        if now < self._quiet_until:  # the control plane asked for a pause (503 Retry-After)
+            return
         same = (observed.versions == self._reported
                 and now - self._reported_at < FULL_HEARTBEAT_EVERY_S)
         response = self._put_heartbeat(observed, same)
         if response.status_code == 409 and same:  # the control plane holds none: all of it
             same = False
             response = self._put_heartbeat(observed, same)
+        if response.status_code == 503:
+            retry = response.headers.get("retry-after", "")
+            self._quiet_until = now + (float(retry) if retry.isdigit() else 5.0)
         if response.status_code != 204:
             raise SourceUnavailable(_why(response))
         if not same:

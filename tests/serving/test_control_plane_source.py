@@ -78,3 +78,19 @@ def test_an_artifact_is_kept_only_when_its_bytes_match(tmp_path):
     answers["body"] = good
     src.fetch_artifact(spec)
     assert (tmp_path / sha).read_bytes() == good
+
+
+def test_a_shed_heartbeat_waits_the_pause_the_control_plane_asked_for(tmp_path):
+    sent = []
+
+    def handler(request):
+        sent.append(request.url.path)
+        return httpx.Response(503, headers={"Retry-After": "30"},
+                              json={"error": "storing other replicas' heartbeats"})
+
+    src = source(handler, tmp_path)
+    beat = ObservedState(replica="r1", revision=1, versions=V1)
+    with pytest.raises(SourceUnavailable, match="503"):
+        src.report(beat)
+    src.report(beat)  # within the 30 s asked for: nothing sent, nothing raised
+    assert len(sent) == 1
