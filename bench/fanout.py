@@ -82,7 +82,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="MMC_HEARTBEAT_SECONDS (default 2.0); 0: no heartbeats at all (the "
                         "long polls alone)")
     p.add_argument("--full-heartbeats", action="store_true",
-                   help="every heartbeat carries the whole state (before \"same\" heartbeats)")
+                   help="every heartbeat carries the whole state (as before heartbeats carried "
+                        "only what changed)")
     p.add_argument("--deploy-every", type=float, default=10.0)
     p.add_argument("--baseline", type=float, default=20.0, help="probe seconds before the fleet")
     p.add_argument("--probe-rate", type=float, default=5.0, help="probe requests/s")
@@ -430,15 +431,33 @@ class Bodies:
             cached = self.cache[(revision, second)] = orjson.dumps(versions)
         return cached
 
-    def body(self, replica: Replica, *, same: bool = False) -> bytes:
-        """The whole observed state, or (`same`) a heartbeat saying it is as last reported, as
-        serving.sources.control_plane sends while nothing changed."""
+    def body(self, replica: Replica, *, since: int | None = None) -> bytes:
+        """The whole observed state, or (`since`: the revision of the last acknowledged one)
+        what changed since, as serving.sources.control_plane sends: `"same": true` within a
+        revision (an idle version's counters do not move), else the versions the new revision
+        added and the keys it dropped."""
         head = (f'{{"replica":"{replica.name}","revision":{replica.revision},'
                 f'"degraded":null,"address":"{replica.address}",'
                 f'"started_at":{replica.started_at},').encode()
-        if same:
+        if since is None:
+            return head + b'"versions":' + self.versions(replica.revision) + b"}"
+        if since == replica.revision:
             return head + b'"same":true}'
-        return head + b'"versions":' + self.versions(replica.revision) + b"}"
+        import orjson
+
+        now, then = self.keys[replica.revision], set(self.keys.get(since, ()))
+        changed = {}
+        for key in now:
+            if key not in then:
+                stats = self.stats.get(key)
+                if stats is None:
+                    stats = self.stats[key] = self.VersionStats(*key)
+                changed[f"{key[0]}:{key[1]}"] = {
+                    "state": "READY", "reason": None, "providers": ["CPUExecutionProvider"],
+                    "queue_depth": 0, "stats": stats.snapshot()}
+        removed = [f"{m}:{v}" for m, v in then - set(now)]
+        return head + b'"changed":' + orjson.dumps(changed) + b',"removed":' + \
+            orjson.dumps(removed) + b"}"
 
 
 class Replica:
@@ -554,23 +573,28 @@ class Fleet:
             t0 = time.monotonic()
             if t0 < r.quiet_until:
                 return
-            same = (not self.args.full_heartbeats and r.reported_revision == r.revision
-                    and t0 - r.reported_at < FULL_HEARTBEAT_EVERY_S)
+            whole = (self.args.full_heartbeats or r.reported_revision is None
+                     or t0 - r.reported_at >= FULL_HEARTBEAT_EVERY_S)
+            since = None if whole else r.reported_revision
+            same = since == r.revision
+            revision = r.revision
             try:
                 resp = await r.beat_client.put(f"/api/v1/replica/heartbeats/{r.name}",
-                                               content=self.bodies.body(r, same=same))
-                if resp.status_code == 409 and same:  # none held: the whole state
-                    same = False
+                                               content=self.bodies.body(r, since=since))
+                if resp.status_code == 409 and not whole:  # none held: the whole state
+                    whole, same = True, False
                     resp = await r.beat_client.put(f"/api/v1/replica/heartbeats/{r.name}",
                                                    content=self.bodies.body(r))
                 outcome = str(resp.status_code)
                 if outcome == "503":  # shed: the replica waits Retry-After before the next
                     retry = resp.headers.get("retry-after", "")
                     r.quiet_until = t0 + (float(retry) if retry.isdigit() else 5.0)
-                if outcome == "204" and not same:
-                    r.reported_revision, r.reported_at = r.revision, t0
+                if outcome == "204":
+                    r.reported_revision = revision
+                    if whole:
+                        r.reported_at = t0
                 if self.counting():
-                    self.beat_kinds["same" if same else "full"] += 1
+                    self.beat_kinds["full" if whole else "same" if same else "changes"] += 1
             except self.httpx.HTTPError as exc:
                 outcome = type(exc).__name__
                 if self.counting():

@@ -56,8 +56,8 @@ def record_samples(replica: str, versions: dict[str, dict], *, now: float | None
     rows = []
     for key, state in versions.items():
         stats = state.get("stats")
-        if not stats:
-            continue
+        if not stats or not (stats["count"] or stats["errors"] or state.get("shadow")):
+            continue  # nothing counted since its counters started: a sample would say nothing
         model_name, _, version = key.rpartition(":")
         rows.append(MetricSample(
             replica=replica, model_name=model_name, version=int(version), bucket=bucket, at=at,

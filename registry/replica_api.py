@@ -48,6 +48,7 @@ from registry.notify import current_revision, listen_redis, subscribe_in_process
 from registry.services import analysis_watch
 from registry.services.replicas import (
     credential_check,
+    heartbeat_merge,
     heartbeat_store,
     heartbeats_touch,
     replica_leave,
@@ -331,17 +332,24 @@ class ReplicaApi:
             started_at = datetime.fromtimestamp(started, tz=UTC)
         except (orjson.JSONDecodeError, WireError, ValueError, OverflowError, OSError) as exc:
             return await self._error(send, 400, f"not a heartbeat: {exc}"[:500])
-        if observed.versions is None:  # "same": as last reported
-            if not await self._touch(observed, address):
-                return await self._error(send, 409, f"no state of replica {replica!r} is held "
-                                         "(removed or forgotten): send all of it")
-        elif small:  # a small whole state: its turn like any other
+        held = True
+        if observed.versions is None and not observed.changed and not observed.removed:
+            held = await self._touch(observed, address)  # "same": gathered, one statement
+        elif small:  # a small change (or whole state): its turn like any other
             async with self._heartbeat_slots():
-                await self._db(heartbeat_store, observed, address=address,
-                               started_at=started_at)
+                held = await self._store(observed, address, started_at)
         else:
-            await self._db(heartbeat_store, observed, address=address, started_at=started_at)
+            held = await self._store(observed, address, started_at)
+        if not held:
+            return await self._error(send, 409, f"no state of replica {replica!r} is held "
+                                     "(removed, forgotten or left): send all of it")
         await self._answer(send, 204)
+
+    async def _store(self, observed, address: str, started_at) -> bool:
+        if observed.versions is None:  # what changed since the last acknowledged one
+            return await self._db(heartbeat_merge, observed, address=address)
+        await self._db(heartbeat_store, observed, address=address, started_at=started_at)
+        return True
 
     async def _touch(self, observed, address: str) -> bool:
         """Gather a "same" heartbeat with the others arriving within TOUCH_GATHER_S: one

@@ -245,6 +245,12 @@ def test_desired_state_long_poll_snapshot_artifacts_and_heartbeat_refusals(
             after = await asyncio.to_thread(row, "h9")
             assert after.versions == before.versions and after.revision == 2
             assert after.last_seen > before.last_seen
+            changed = {"revision": 3, "address": "x", "started_at": time.time(),
+                       "changed": {"hx:2": {"state": "LOADING"}}, "removed": ["hx:1"]}
+            ok = await http.put("/api/v1/replica/heartbeats/h9", json=changed)
+            assert ok.status_code == 204
+            merged = await asyncio.to_thread(row, "h9")
+            assert merged.versions == {"hx:2": {"state": "LOADING"}} and merged.revision == 3
             import registry.replica_api as api
 
             queue, api.HEARTBEAT_QUEUE = api.HEARTBEAT_QUEUE, 0  # a storm: shed the large ones

@@ -56,6 +56,31 @@ def heartbeat_store(observed: ObservedState, *, address: str, started_at: dateti
         record_samples(observed.replica, observed.versions)
 
 
+def heartbeat_merge(observed: ObservedState, *, address: str,
+                    now: datetime | None = None) -> bool:
+    """A heartbeat carrying what changed since the last acknowledged one: those entries replace
+    (or join) the row's, the removed keys leave it, and samples are written for the changed
+    entries alone. False when there is no row to merge into (removed, forgotten, left): the
+    replica must report everything."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        row = ReplicaHeartbeat.objects.select_for_update().filter(
+            replica=observed.replica).first()
+        if row is None:
+            return False
+        versions = {k: v for k, v in (row.versions or {}).items() if k not in observed.removed}
+        versions.update(observed.changed or {})
+        behind = observed.revision < current_revision()
+        row.revision, row.versions = observed.revision, versions
+        row.degraded, row.address = (observed.degraded or "")[:200], address[:200]
+        row.last_seen = now
+        row.behind_since = (row.behind_since or now) if behind else None
+        row.save(update_fields=["revision", "versions", "degraded", "address", "last_seen",
+                                "behind_since"])
+        record_samples(observed.replica, observed.changed or {})
+    return True
+
+
 def heartbeats_touch(beats: list[tuple[ObservedState, str]], *,
                      now: datetime | None = None) -> set[str]:
     """Heartbeats whose versions are as last reported ("same"), each (observed, address), in

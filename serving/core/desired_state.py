@@ -188,8 +188,13 @@ class ObservedState:
     revision: int
     # "model:version" -> {"state": READY|LOADING|FAILED|SCALED_TO_ZERO, "reason", "providers",
     # "queue_depth", "stats": VersionStats.snapshot(), "shadow": ShadowStats of a shadow version}
-    versions: dict[str, dict]
+    versions: dict[str, dict] | None
     degraded: str | None = None
+    # A heartbeat decoded from the wire may carry only what changed since the last one the
+    # control plane acknowledged (versions None): the entries that changed or are new, and the
+    # keys no longer there. Both empty: "same".
+    changed: dict[str, dict] | None = None
+    removed: tuple[str, ...] = ()
 
 
 @runtime_checkable

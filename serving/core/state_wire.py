@@ -73,20 +73,26 @@ def encode_desired(state: DesiredState) -> dict:
             "versions": [_spec(s) for _, s in sorted(state.versions.items())]}
 
 
-#: A replica whose versions are all as it last reported them sends `"same": true` instead of
-#: them (a few dozen bytes, one row's last_seen touched), but the whole state at least this
-#: often, so idle versions still get a statistics sample a minute.
+#: A replica sends the versions that changed since its last acknowledged heartbeat (and the
+#: keys gone), `"same": true` when none did, and its whole state at least this often, so idle
+#: versions still get a statistics sample a minute (and a console that lost it is told).
 FULL_HEARTBEAT_EVERY_S = 60.0
 
 
-def encode_observed(observed: ObservedState, *, same: bool = False) -> dict:
-    """The heartbeat body; `same`: the versions are those of the last acknowledged heartbeat
-    (left out; the control plane answers 409 when it holds none, and the replica sends all)."""
-    if same:
-        return {"replica": observed.replica, "revision": observed.revision, "same": True,
-                "degraded": observed.degraded}
-    return {"replica": observed.replica, "revision": observed.revision,
-            "versions": observed.versions, "degraded": observed.degraded}
+def encode_observed(observed: ObservedState, *, since: dict | None = None) -> dict:
+    """The heartbeat body: everything, or (`since`: the versions the control plane last
+    acknowledged) only what changed since: `"same": true`, or `changed` + `removed`. The control
+    plane answers 409 to a partial one when it holds no state for the replica."""
+    head = {"replica": observed.replica, "revision": observed.revision,
+            "degraded": observed.degraded}
+    if since is None:
+        return {**head, "versions": observed.versions}
+    versions = observed.versions or {}
+    changed = {k: v for k, v in versions.items() if since.get(k) != v}
+    removed = [k for k in since if k not in versions]
+    if not changed and not removed:
+        return {**head, "same": True}
+    return {**head, "changed": changed, "removed": removed}
 
 
 # -- decoding (replica; the control plane decodes heartbeats) -----------------------------------
@@ -203,25 +209,39 @@ def decode_desired(doc, *, artifact_path: Callable[[str], str],
                         versions=versions, step_routes=step_routes)
 
 
-def decode_observed(doc, *, replica: str) -> ObservedState:
-    """A heartbeat body for `replica` (the name in its URL). A `"same": true` one decodes with
-    versions None: as last reported."""
-    doc = _obj(doc, "heartbeat")
-    if doc.get("same") is True:
-        return ObservedState(replica=replica, revision=_get(doc, "revision", int, "heartbeat"),
-                             versions=None, degraded=_text(doc, "degraded", "heartbeat"))
-    versions = _obj(doc.get("versions", {}), "heartbeat.versions")
+def _versions(doc, where: str) -> dict:
+    versions = _obj(doc, where)
     for key, state in versions.items():
         model, colon, number = key.rpartition(":")
         if not colon or not model or not number.isdigit() or type(state) is not dict:
-            raise WireError(f"heartbeat.versions: {key[:100]!r} must be 'model:number' "
-                            "with an object")
+            raise WireError(f"{where}: {key[:100]!r} must be 'model:number' with an object")
         stats = state.get("stats")
         if stats is not None and (type(stats) is not dict or not isinstance(
                 stats.get("count"), int) or not isinstance(stats.get("errors"), int)
                 or not isinstance(stats.get("latency_buckets"), list)):
-            raise WireError(f"heartbeat.versions.{key[:100]}.stats: needs count, errors "
-                            "(integers) and latency_buckets (a list)")
+            raise WireError(f"{where}.{key[:100]}.stats: needs count, errors (integers) and "
+                            "latency_buckets (a list)")
+    return versions
+
+
+def decode_observed(doc, *, replica: str) -> ObservedState:
+    """A heartbeat body for `replica` (the name in its URL): its whole state (versions), or
+    what changed since the last acknowledged one (versions None; changed and removed, both
+    empty for `"same": true`)."""
+    doc = _obj(doc, "heartbeat")
+    revision = _get(doc, "revision", int, "heartbeat")
     degraded = _text(doc, "degraded", "heartbeat")
-    return ObservedState(replica=replica, revision=_get(doc, "revision", int, "heartbeat"),
-                         versions=versions, degraded=degraded)
+    if doc.get("same") is True:
+        return ObservedState(replica=replica, revision=revision, versions=None,
+                             degraded=degraded, changed={})
+    if "changed" in doc or "removed" in doc:
+        removed = _get(doc, "removed", list, "heartbeat", default=[])
+        if not all(isinstance(k, str) for k in removed):
+            raise WireError("heartbeat.removed: a list of 'model:number' keys")
+        return ObservedState(replica=replica, revision=revision, versions=None,
+                             degraded=degraded,
+                             changed=_versions(doc.get("changed", {}), "heartbeat.changed"),
+                             removed=tuple(removed))
+    return ObservedState(replica=replica, revision=revision,
+                         versions=_versions(doc.get("versions", {}), "heartbeat.versions"),
+                         degraded=degraded)

@@ -174,27 +174,27 @@ class HttpRegistrySource:
     # -- heartbeats ----------------------------------------------------------------------------
 
     def report(self, observed: ObservedState) -> None:
-        """A heartbeat: `"same": true` while every version is as last acknowledged (at most
-        FULL_HEARTBEAT_EVERY_S), else the whole observed state."""
+        """A heartbeat: what changed since the last acknowledged one (`"same": true` when
+        nothing did), the whole observed state at least every FULL_HEARTBEAT_EVERY_S."""
         now = time.monotonic()
         if now < self._quiet_until:  # the control plane asked for a pause (503 Retry-After)
             return
-        same = (observed.versions == self._reported
-                and now - self._reported_at < FULL_HEARTBEAT_EVERY_S)
-        response = self._put_heartbeat(observed, same)
-        if response.status_code == 409 and same:  # the control plane holds none: all of it
-            same = False
-            response = self._put_heartbeat(observed, same)
+        whole = self._reported is None or now - self._reported_at >= FULL_HEARTBEAT_EVERY_S
+        response = self._put_heartbeat(observed, None if whole else self._reported)
+        if response.status_code == 409 and not whole:  # the control plane holds none: all
+            whole = True
+            response = self._put_heartbeat(observed, None)
         if response.status_code == 503:
             retry = response.headers.get("retry-after", "")
             self._quiet_until = now + (float(retry) if retry.isdigit() else 5.0)
         if response.status_code != 204:
             raise SourceUnavailable(_why(response))
-        if not same:
-            self._reported, self._reported_at = observed.versions, now
+        self._reported = observed.versions
+        if whole:
+            self._reported_at = now
 
-    def _put_heartbeat(self, observed: ObservedState, same: bool) -> httpx.Response:
-        body = {**encode_observed(observed, same=same), "address": self.address,
+    def _put_heartbeat(self, observed: ObservedState, since: dict | None) -> httpx.Response:
+        body = {**encode_observed(observed, since=since), "address": self.address,
                 "started_at": self.started_at}
         return self._client.put(f"/api/v1/replica/heartbeats/{observed.replica}", json=body)
 

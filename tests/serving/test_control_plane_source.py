@@ -1,7 +1,8 @@
 """The replica's side of following the control plane (serving.sources.control_plane), against a
-scripted control plane (httpx.MockTransport): heartbeats say "same" while nothing changed and
-carry everything otherwise; a refusal or silence is raised with the reason; an artifact is kept
-only when its bytes match its sha256."""
+scripted control plane (httpx.MockTransport): heartbeats carry what changed since the last
+acknowledged one ("same" when nothing did) and everything when the control plane holds none; a
+refusal or silence is raised with the reason; an artifact is kept only when its bytes match its
+sha256."""
 
 from __future__ import annotations
 
@@ -25,14 +26,20 @@ def source(handler, tmp_path) -> HttpRegistrySource:
                               cache_dir=tmp_path, transport=httpx.MockTransport(handler))
 
 
-def test_heartbeats_say_same_while_nothing_changed_and_everything_otherwise(tmp_path):
+def test_heartbeats_carry_what_changed_same_when_nothing_did_and_all_when_asked(tmp_path):
     sent, held = [], {"yes": True}
+    V3 = {**V2, "m:2": {"state": "LOADING"}}
 
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
-        sent.append("same" if body.get("same") else "full")
         assert request.headers["authorization"] == "Bearer mmcr_x_y"
-        if body.get("same") and not held["yes"]:
+        if body.get("same"):
+            sent.append("same")
+        elif "changed" in body:
+            sent.append(("changed", sorted(body["changed"]), body["removed"]))
+        else:
+            sent.append(("all", sorted(body["versions"])))
+        if "versions" not in body and not held["yes"]:
             return httpx.Response(409, json={"error": "send all of it"})
         return httpx.Response(204)
 
@@ -40,10 +47,12 @@ def test_heartbeats_say_same_while_nothing_changed_and_everything_otherwise(tmp_
     beat = ObservedState(replica="r1", revision=1, versions=V1)
     src.report(beat)
     src.report(replace(beat, revision=2))  # same versions, new revision: "same"
-    src.report(ObservedState(replica="r1", revision=2, versions=V2))  # a counter moved
+    src.report(ObservedState(replica="r1", revision=2, versions=V3))  # a counter, a new one
+    src.report(ObservedState(replica="r1", revision=3, versions={"m:2": V3["m:2"]}))
     held["yes"] = False  # the control plane forgot the replica: 409, then everything
-    src.report(ObservedState(replica="r1", revision=2, versions=V2))
-    assert sent == ["full", "same", "full", "same", "full"]
+    src.report(ObservedState(replica="r1", revision=3, versions={"m:2": V3["m:2"]}))
+    assert sent == [("all", ["m:1"]), "same", ("changed", ["m:1", "m:2"], []),
+                    ("changed", [], ["m:1"]), "same", ("all", ["m:2"])]
 
 
 def test_a_refused_or_silent_control_plane_is_raised_with_its_reason(tmp_path):

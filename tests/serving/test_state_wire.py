@@ -97,10 +97,20 @@ def test_a_heartbeat_round_trips_and_a_bad_one_names_what_is_wrong():
                              versions={"fraud:1": {"state": "READY", "stats": {
                                  "count": 3, "errors": 0, "latency_buckets": [1, 2]}}})
     assert decode_observed(encode_observed(observed), replica="r1") == observed
+    since = {"fraud:1": observed.versions["fraud:1"], "fraud:2": {"state": "READY"}}
+    later = ObservedState(replica="r1", revision=8, versions={
+        **observed.versions, "fraud:3": {"state": "LOADING"}})
+    delta = decode_observed(encode_observed(later, since=since), replica="r1")
+    assert delta.versions is None and delta.changed == {"fraud:3": {"state": "LOADING"}}
+    assert delta.removed == ("fraud:2",) and delta.revision == 8
+    same = decode_observed(encode_observed(observed, since=observed.versions), replica="r1")
+    assert same.versions is None and same.changed == {} and same.removed == ()
     with pytest.raises(WireError, match="model:number"):
         decode_observed({"revision": 1, "versions": {"fraud": {}}}, replica="r1")
     with pytest.raises(WireError, match="count, errors"):
         decode_observed({"revision": 1, "versions": {"fraud:1": {"stats": {"count": "3"}}}},
                         replica="r1")
+    with pytest.raises(WireError, match="removed"):
+        decode_observed({"revision": 1, "changed": {}, "removed": [3]}, replica="r1")
     with pytest.raises(WireError, match="revision"):
         decode_observed({"versions": {}}, replica="r1")
