@@ -32,7 +32,7 @@ from serving.core.rate_limits import DEFAULT_SYNC_SECONDS, Admission, quota_stor
 from serving.core.reconciler import Reconciler
 from serving.core.response_cache import DEFAULT_RESPONSE_CACHE_BYTES
 from serving.core.stats import ServingCollector, VersionStats, render_metrics
-from serving.edge_limits import BodyReader, EdgeLimits, trim_when_idle
+from serving.edge_limits import IDLE_TRIM_S, BodyReader, EdgeLimits, trim_when_idle
 from serving.http.codec import (
     decode_infer_request,
     encode_infer_response,
@@ -88,6 +88,9 @@ class ServingSettings:
     # Scale to zero: how long a request waits for its scaled-to-zero model to load before a
     # 503 with Retry-After (MMC_COLD_START_WAIT_SECONDS)
     cold_start_wait_seconds: float = 30.0
+    # After requests and then none this long, the heap glibc kept goes back to the OS, once per
+    # pause (serving.edge_limits.IdleTrim); 0: never (MMC_IDLE_TRIM_SECONDS)
+    idle_trim_seconds: float = IDLE_TRIM_S
 
     @classmethod
     def from_env(cls, env: dict | None = None) -> ServingSettings:
@@ -111,6 +114,7 @@ class ServingSettings:
             grpc_transport=e.get("MMC_GRPC_TRANSPORT") or cls.grpc_transport,
             cold_start_wait_seconds=float(e.get("MMC_COLD_START_WAIT_SECONDS")
                                           or cls.cold_start_wait_seconds),
+            idle_trim_seconds=float(e.get("MMC_IDLE_TRIM_SECONDS", cls.idle_trim_seconds)),
         )
 
 
@@ -221,9 +225,9 @@ class ServingApp:
                 await self._start_grpc()
             if not self._started and self.dataplane.siblings is not None:
                 self.dataplane.siblings.start()
-            if not self._started:
-                self._trim_task = asyncio.get_running_loop().create_task(
-                    trim_when_idle(self.dataplane.busy_since))
+            if not self._started and self.settings.idle_trim_seconds > 0:
+                self._trim_task = asyncio.get_running_loop().create_task(trim_when_idle(
+                    self.dataplane.busy_since, self.settings.idle_trim_seconds))
             self._started = True
 
     async def _start_grpc(self) -> None:
