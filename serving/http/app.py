@@ -40,6 +40,7 @@ from serving.http.codec import (
 )
 from serving.http.compression import MAX_BODY_BYTES, decompress
 from serving.process import siblings
+from serving.process.supervisor import DEFAULT_DRAIN_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,6 @@ _LIVE_HEADERS = [_CT_JSON, (b"content-length", b"%d" % len(_LIVE))]
 #: MMC_DRAIN_SECONDS' default: as long as uvicorn keeps an idle keep-alive connection (5 s), so
 #: a client's idle pooled connection is used (and told to close) or expires within the window;
 #: and well inside Kubernetes' 30 s termination grace.
-DEFAULT_DRAIN_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class ServingSettings:
     # cache on (serving.core.response_cache); 0 turns it off here
     response_cache_bytes: int = DEFAULT_RESPONSE_CACHE_BYTES
     # SIGTERM: answer (not ready, `Connection: close`) this long at most before the listener
-    # closes; less once no connection is open (serving.cli.DrainingServer)
+    # closes; less once no connection is open (serving.http.server.DrainingServer)
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
     # Daily quotas: counted in this Redis, shared by all replicas (REDIS_URL; empty: in this
     # process), synced every quota_sync_seconds (serving.core.rate_limits)

@@ -118,8 +118,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     limits: EdgeLimits | None = None  # read from the environment at the first connection
     #: this listener's share of the process's connection budget (EdgeLimits.connection_caps)
     connection_cap = 0
-    #: Set (on the class) by serving.cli.DrainingServer on SIGTERM: from then on every answer
-    #: says `Connection: close`, so no client keeps a pooled connection the exit would cut.
+    #: Set (on the class) by serving.http.server.DrainingServer on SIGTERM: from then on every
+    #: answer says `Connection: close`, so no client keeps a pooled connection the exit would
+    #: cut.
     draining = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]

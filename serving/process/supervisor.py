@@ -35,6 +35,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+#: SIGTERM: a serving process answers (not ready, `Connection: close`) this long at most before
+#: its listener closes (MMC_DRAIN_SECONDS; serving.http.server.DrainingServer).
+DEFAULT_DRAIN_SECONDS = 5.0
+
 log = logging.getLogger("uvicorn.error")
 
 ENV_WORKER_INDEX = "MMC_SERVE_WORKER_INDEX"
@@ -135,7 +139,7 @@ class Supervisor:
                ENV_SUPERVISOR_PID: str(os.getpid())}
         # In the supervisor's process group (a terminal's Ctrl-C, systemd or `kill -- -PGID`
         # reach the workers too; a worker takes the copy passed on within a second for the same
-        # signal, serving.cli.DrainingServer.handle_exit).
+        # signal, serving.http.server.DrainingServer.handle_exit).
         w.process = subprocess.Popen(self.command, env=env)
         w.started = time.monotonic()
         w.restart_at = None

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.faults
 pytest.importorskip("uvloop", reason="mmc-serve runs on uvloop")
 pytest.importorskip("httptools", reason="mmc-serve runs on httptools")
 # Closing a listener resets the connections queued behind it; only on Linux does the replica
-# hold new ones off first (serving.cli.refuse_new_connections).
+# hold new ones off first (serving.http.server.refuse_new_connections).
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the listener hand-over needs Linux socket filters")
 

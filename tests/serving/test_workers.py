@@ -156,7 +156,7 @@ def test_a_restarted_worker_listens_only_once_its_models_are_loaded():
 
     import uvicorn
 
-    from serving.cli import DrainingServer
+    from serving.http.server import DrainingServer
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
