@@ -1,10 +1,10 @@
-"""`mmc`: the registry from CI pipelines, over the REST API with a token.
+r"""`mmc`: the registry from CI pipelines, over the REST API with a token.
 
     mmc login http://127.0.0.1:8000            # or, in CI: export MMC_URL=... MMC_TOKEN=mmc_...
     mmc whoami                                 # logout: revoke the token, forget it
     mmc create-model fraud --tag team:risk
     mmc upload fraud model.onnx --metric auc=0.91 --metric acc=0.88 --git-commit abc123 \
-        --run-url https://mlflow/runs/7 --dataset tx-2026-10 --metadata '{"team": "ml"}' --wait
+        --run-url https://mlflow/runs/7 --dataset tx-2026-10 --metadata '{"team": "ml"}' --wait 60
     mmc upload fraud today.onnx --convert      # IR/opset too new for the server: convert it
     mmc versions fraud --metric 'auc>0.9' --metadata team:ml
     mmc alias fraud production 3
@@ -13,14 +13,18 @@
     mmc deploy fraud 3 --wait 30
     mmc canary fraud 4 --weight 5 --wait 30     # then: weight, promote, abort
     mmc canary fraud 4 --plan '{"steps": [5, 25, 50, 100], "bake_seconds": 300}'
-    mmc rollback fraud 2 [--unload-first]      # bg-deploy, switch, switch-back, bg-finish
+    mmc rollback fraud 2 --unload-first        # also: bg-deploy, switch, switch-back, bg-finish
     mmc export fraud --versions 2,3 -o fraud-triton.tar.gz   # a Triton model repository
     mmc export fraud --format kserve -o kserve/fraud   # ServingRuntime + InferenceService YAML
     mmc tensorrt fraud 3 --precision fp16      # build a TensorRT engine on a GPU worker
-    mmc webhooks | webhook-add URL [--model m] [--event version.ready] | webhook-test ID
+    mmc webhook-add https://ci.example/hook --model fraud --event version.ready
+    mmc webhooks                               # then: webhook-test ID
     mmc async-infer fraud request.json --wait 60 --out response.json
-    mmc batch run fraud rows.npy --wait 600 --out scores.npy   # batch upload; job ID [--cancel]
-    mmc pipeline create scorer --spec pipeline.json [--create-model]   # steps + edges
+    mmc batch run fraud rows.npy --wait 600 --out scores.npy   # also: batch upload, job ID
+    mmc pipeline create scorer --spec pipeline.json --create-model   # steps + edges
+
+Exit status: 0 done; 1 the server refused (its message on stderr) or could not be reached;
+2 the command line was wrong; 141 the output was closed before it was all written (`| head`).
 """
 
 from __future__ import annotations
@@ -446,6 +450,19 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a closed pipe is found here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        # whoever read the output stopped (`mmc versions fraud | head`): no traceback, and no
+        # second one when the interpreter flushes stdout at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
     command = args.command
     if command.command == "alias" and not command.delete and command.version is None:
