@@ -20,6 +20,10 @@ DATA_DIR.mkdir(parents=True, exist_ok=True)
 
 REDIS_URL = env.str("REDIS_URL", default="")
 CLUSTERED = bool(REDIS_URL)
+# Where every replica counts daily quotas (serving.core.rate_limits) and the console reads them:
+# the same Redis for both sides; replicas that follow the console over HTTP get this URL alone
+# (not the broker's), so give it a Redis database of its own, or an ACL user for mmc:quota:*.
+QUOTA_REDIS_URL = env.str("MMC_QUOTA_REDIS_URL", default="") or REDIS_URL
 DEBUG = env.bool("DEBUG", default=False)
 
 

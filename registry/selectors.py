@@ -222,7 +222,7 @@ def quota_usage(model_name: str, key_prefixes: list[str]) -> dict[str | None, in
     start when a quota is set; empty when the store does not answer."""
     day = utc_day(timezone.now().timestamp())
     names = {quota_key(model_name, p, day): p for p in [None, *key_prefixes]}
-    store = quota_store(settings.REDIS_URL, timeout=USAGE_TIMEOUT_SECONDS)
+    store = quota_store(settings.QUOTA_REDIS_URL, timeout=USAGE_TIMEOUT_SECONDS)
     try:
         counts = store.read(list(names))
     except Exception as exc:  # noqa: BLE001 - a page without today's counts, not a 500

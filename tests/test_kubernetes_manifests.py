@@ -232,7 +232,9 @@ def test_serving_replicas_hold_no_database_credentials(rendered):
     c = container(rendered, "mmc-serving")
     assert c["envFrom"] == [{"configMapRef": {"name": "mmc-config"}},
                             {"secretRef": {"name": "mmc-replica"}}]
-    assert set(rendered["Secret", "mmc-replica"]["stringData"]) == {"MMC_REPLICA_TOKEN"}
+    replica_secret = rendered["Secret", "mmc-replica"]["stringData"]
+    assert set(replica_secret) == {"MMC_REPLICA_TOKEN", "MMC_QUOTA_REDIS_URL"}
+    assert replica_secret["MMC_QUOTA_REDIS_URL"].endswith("/1")  # not the broker's database
     assert not {"DATABASE_URL", "REDIS_URL", "SECRET_KEY"} & set(config(rendered))
     assert not {"DATABASE_URL", "REDIS_URL"} & {e["name"] for e in c.get("env", [])}
     assert c["command"][:3] == ["mmc-serve", "--registry", "http://mmc-console:8000"]
@@ -242,7 +244,12 @@ def test_serving_replicas_hold_no_database_credentials(rendered):
     assert {"secretRef": {"name": "mmc-replica"}} in console["envFrom"]
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
     assert set(compose["serving"]["environment"]) == {"MMC_REPLICA_TOKEN",
-                                                     "MMC_REPLICA_CACHE_DIR"}
+                                                     "MMC_REPLICA_CACHE_DIR",
+                                                     "MMC_QUOTA_REDIS_URL"}
+    # the console reads daily quotas where the replicas count them
+    console_env = compose["console"]["environment"]
+    assert console_env["MMC_QUOTA_REDIS_URL"] == compose["serving"]["environment"][
+        "MMC_QUOTA_REDIS_URL"] != console_env["REDIS_URL"]
     assert "volumes" not in compose["serving"]
     assert compose["serving"]["command"][:3] == ["mmc-serve", "--registry", "http://console:8000"]
 

@@ -130,7 +130,7 @@ def test_the_console_sets_limits_a_replica_enforces_them_and_the_page_shows_toda
 
     async def serve():
         replica = await InProcessReplica("r1", desired,
-                                         store=quota_store(settings.REDIS_URL),
+                                         store=quota_store(settings.QUOTA_REDIS_URL),
                                          wall=Clock(time.time())).start()
         answers = [(await replica.infer(raw)).status_code for _ in range(3)]
         refused = await replica.infer(raw)

@@ -320,3 +320,26 @@ def test_clustered_notice_reaches_http_replicas_at_once(engineer, ready_model, c
         assert body["convergence"]["converged"] and body["convergence"]["replicas"] >= 2, body
         for rep in reps:
             assert infer(rep.url, "hx").status_code == 200
+
+
+@pytest.mark.skipif(not CLUSTERED, reason="clustered: daily quotas counted in a shared Redis")
+def test_http_replicas_count_one_daily_quota_in_the_quota_store_alone(engineer, ready_model,
+                                                                     credential, tmp_path):
+    import os
+
+    ready_model("hx", samples.mlp(seed=1))
+    quota_store = os.environ["REDIS_URL"]  # the tests' Redis; compose gives a database of its own
+    with following(2, log_dir=tmp_path, token=credential, MMC_QUOTA_REDIS_URL=quota_store,
+                   MMC_QUOTA_SYNC_SECONDS="0.2") as (_, (one, two)):
+        assert engineer.post("/api/v1/models/hx/endpoint/deploy/?wait=20", {"version": 1},
+                             format="json").status_code == 200
+        r = engineer.put("/api/v1/models/hx/endpoint/limits/?wait=20", {"daily_quota": 4},
+                         format="json")
+        assert r.status_code == 200, r.content
+        first = [infer(one.url, "hx").status_code for _ in range(3)]
+        time.sleep(3)  # both replicas have synced the store many times (every 0.2 s)
+        second = [infer(two.url, "hx").status_code for _ in range(3)]
+        time.sleep(3)  # the last count reaches the store
+        limits = engineer.get("/api/v1/models/hx/endpoint/").json()["limits"]
+    assert first == [200, 200, 200] and second == [200, 429, 429], (first, second)
+    assert limits["daily_quota"] == 4 and limits["used_today"] == 4, limits  # the console reads it

@@ -76,8 +76,9 @@ class ServingSettings:
     # SIGTERM: answer (not ready, `Connection: close`) this long at most before the listener
     # closes; less once no connection is open (serving.http.server.DrainingServer)
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
-    # Daily quotas: counted in this Redis, shared by all replicas (REDIS_URL; empty: in this
-    # process), synced every quota_sync_seconds (serving.core.rate_limits)
+    # Daily quotas: counted in this Redis, shared by all replicas (MMC_QUOTA_REDIS_URL, else
+    # REDIS_URL; empty: in this process), synced every quota_sync_seconds
+    # (serving.core.rate_limits)
     quota_redis_url: str = ""
     quota_sync_seconds: float = DEFAULT_SYNC_SECONDS
     # the gRPC front (serving.grpc.front) beside HTTP, in the same loop; None: off
@@ -106,7 +107,7 @@ class ServingSettings:
                                            cls.response_cache_bytes)),
             limits=EdgeLimits.from_env(e),
             drain_seconds=float(e.get("MMC_DRAIN_SECONDS") or cls.drain_seconds),
-            quota_redis_url=e.get("REDIS_URL", ""),
+            quota_redis_url=e.get("MMC_QUOTA_REDIS_URL") or e.get("REDIS_URL", ""),
             quota_sync_seconds=float(e.get("MMC_QUOTA_SYNC_SECONDS")
                                      or cls.quota_sync_seconds),
             grpc_port=int(e["MMC_GRPC_PORT"]) if e.get("MMC_GRPC_PORT") else None,
