@@ -145,10 +145,12 @@ def test_the_replica_credential_is_refused_by_every_api_route(client, engineer, 
     assert refused > 4 * 40
     # ...and an API token, or no credential, is refused by the replica API
     token = engineer.post("/api/v1/tokens/", {"name": "ci"}, format="json").json()["token"]
-    from console.asgi import application
+    from registry.replica_api import ReplicaApi
 
     async def calls():
-        transport = httpx.ASGITransport(app=application)
+        # the replica API's own ASGI app (console/asgi.py mounts it at /api/v1/replica/);
+        # importing console.asgi here would start the embedded scheduler in this process
+        transport = httpx.ASGITransport(app=ReplicaApi())
         async with httpx.AsyncClient(transport=transport, base_url="http://cp") as http:
             out = []
             for auth in (f"Bearer {token}", "", f"Bearer {credential}x"):
@@ -174,13 +176,13 @@ def test_desired_state_long_poll_snapshot_artifacts_and_heartbeat_refusals(
     body = ready_model("hx", samples.mlp(seed=1))
     assert engineer.post("/api/v1/models/hx/endpoint/deploy/", {"version": 1},
                          format="json").status_code == 200
-    from console.asgi import application
-    from registry.replica_api import replica_api
+    from registry.replica_api import ReplicaApi
 
     auth = {"Authorization": f"Bearer {credential}"}
+    replica_api = ReplicaApi()  # as console/asgi.py mounts it, without the rest of the console
 
     async def scenario():
-        transport = httpx.ASGITransport(app=application)
+        transport = httpx.ASGITransport(app=replica_api)
         async with httpx.AsyncClient(transport=transport, base_url="http://cp",
                                      headers=auth, timeout=60) as http:
             builds = replica_api.builds
