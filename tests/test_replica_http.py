@@ -296,7 +296,9 @@ def test_control_plane_down_the_replica_serves_and_says_why_then_follows_again(
             plane = ControlPlane(tmp_path, port=plane.port)
             wait_until(lambda: infer(rep.url, "hx").json()["model_version"] == "2",
                        timeout=40, interval=0.3, what="the deploy made while it was away")
-            assert not httpx.get(f"{rep.url}/v2/health/ready", timeout=5).json().get("degraded")
+            wait_until(lambda: not httpx.get(f"{rep.url}/v2/health/ready",
+                                             timeout=5).json().get("degraded"),
+                       timeout=20, interval=0.3, what="the replica to say it follows again")
             # a revoked credential: refused from the next call; the replica says so and serves
             credential_revoke(prefix=credential.split("_")[1], actor=Actor.system("spec"))
             time.sleep(CREDENTIAL_TTL_S + 1)  # what the control plane believed is forgotten

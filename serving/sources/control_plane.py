@@ -196,10 +196,18 @@ class HttpRegistrySource:
     def _put_heartbeat(self, observed: ObservedState, since: dict | None) -> httpx.Response:
         body = {**encode_observed(observed, since=since), "address": self.address,
                 "started_at": self.started_at}
-        return self._client.put(f"/api/v1/replica/heartbeats/{observed.replica}", json=body)
+        return self._request("PUT", f"/api/v1/replica/heartbeats/{observed.replica}", json=body)
+
+    def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
+        """One call of the replica API; no answer at all is said as the long poll says it."""
+        try:
+            return self._client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise SourceUnavailable(f"the control plane at {self.url} did not answer: "
+                                    f"{type(exc).__name__}: {exc}") from None
 
     def leave(self, replica: str) -> None:
-        response = self._client.delete(f"/api/v1/replica/heartbeats/{replica}")
+        response = self._request("DELETE", f"/api/v1/replica/heartbeats/{replica}")
         if response.status_code != 204:
             raise SourceUnavailable(_why(response))
 
