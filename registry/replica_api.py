@@ -37,6 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from urllib.parse import parse_qs
 
 import orjson
 from asgiref.sync import sync_to_async
@@ -216,7 +217,7 @@ class ReplicaApi:
             return await self._error(send, 401, "this replica credential was revoked",
                                      [(b"www-authenticate", b"Bearer")])
         snapshot = await self._snapshot_for(revision)
-        if snapshot.etag == known:  # the revision moved back? never; but answer it plainly
+        if snapshot.etag == known:  # built later, at the revision the replica already has
             return await self._answer(send, 304, headers=[(b"etag", known.encode())])
         gzip_ok = b"gzip" in headers.get(b"accept-encoding", b"")
         body = snapshot.gzipped if gzip_ok else snapshot.body
@@ -402,14 +403,13 @@ class ReplicaApi:
 
 
 def _wait_seconds(query: bytes) -> float:
-    for part in query.split(b"&"):
-        key, _, value = part.partition(b"=")
-        if key == b"wait":
-            try:
-                return max(0.0, min(float(value), settings.REPLICA_WAIT_SECONDS))
-            except ValueError:
-                return 0.0
-    return 0.0
+    """`?wait=S` of a desired-state request, within 0..MMC_REPLICA_WAIT_SECONDS (0 if absent
+    or not a number)."""
+    try:
+        wait = float(parse_qs(query.decode("latin-1")).get("wait", ["0"])[-1])
+    except ValueError:
+        return 0.0
+    return max(0.0, min(wait, settings.REPLICA_WAIT_SECONDS))
 
 
 def _revision_and_watch() -> int:

@@ -23,6 +23,7 @@ from registry.models import (
     Job,
     ModelVersion,
     RegisteredModel,
+    ReplicaCredential,
     ReplicaHeartbeat,
     VersionStatus,
 )
@@ -238,6 +239,11 @@ def token_list(*, user=None) -> QuerySet[ApiToken]:
     """Every API token (an admin's view), or only `user`'s; newest first."""
     tokens = ApiToken.objects.select_related("user").order_by("-created")
     return tokens if user is None else tokens.filter(user=user)
+
+
+def replica_credentials() -> QuerySet:
+    """Every replica credential, revoked ones too (their digests never leave the database)."""
+    return ReplicaCredential.objects.defer("digest").order_by("name")
 
 
 def user_list() -> QuerySet:

@@ -71,25 +71,11 @@ class Replica:
                                      stdout=self.log.open("wb"), stderr=subprocess.STDOUT)
 
     def wait_live(self, timeout: float = 60) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/v2/health/live", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name} not live: {self.log.read_text()[-3000:]}")
+        wait_answering(self.proc, f"{self.url}/v2/health/live", self.log, timeout=timeout,
+                       what=f"{self.name} live")
 
     def stop(self, sig_kill: bool = False) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill() if sig_kill else self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc, kill=sig_kill)
 
 
 @contextmanager
@@ -97,20 +83,52 @@ def replicas(n: int, *, embedded: bool, log_dir: Path, grpc: bool = False, **env
     started = [Replica(f"r{i + 1}", embedded=embedded, log_dir=log_dir, grpc=grpc, **env)
                for i in range(n)]
     try:
-        for r in started:
-            r.wait_live()
-        # ?wait counts the replicas that have reported: one live but not yet heard from would
-        # let a deploy call itself converged before that replica loaded anything.
-        from registry.models import ReplicaHeartbeat
-
-        names = {r.name for r in started}
-        wait_until(lambda: set(ReplicaHeartbeat.objects.filter(replica__in=names)
-                               .values_list("replica", flat=True)) == names,
-                   timeout=30, what=f"replicas {sorted(names)} to report")
+        reported_in(started)
         yield started
     finally:
         for r in started:
             r.stop()
+
+
+def reported_in(started: list[Replica]) -> None:
+    """Each replica live and heard from: ?wait counts the replicas that have reported, so one
+    live but not yet heard from would let a deploy call itself converged before that replica
+    loaded anything."""
+    for r in started:
+        r.wait_live()
+    from registry.models import ReplicaHeartbeat
+
+    names = {r.name for r in started}
+    wait_until(lambda: set(ReplicaHeartbeat.objects.filter(replica__in=names)
+                           .values_list("replica", flat=True)) == names,
+               timeout=30, what=f"replicas {sorted(names)} to report")
+
+
+def wait_answering(proc: subprocess.Popen, url: str, log: Path, *, timeout: float = 60,
+                   ok=lambda status: status == 200, what: str = "the process") -> None:
+    """Until `url` answers a status `ok` accepts; the process exiting first, or the time
+    running out, raises with the end of its log."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what}: exited: {log.read_text()[-3000:]}")
+        try:
+            if ok(httpx.get(url, timeout=1).status_code):
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{what}: not up after {timeout:g} s: {log.read_text()[-3000:]}")
+
+
+def stop_process(proc: subprocess.Popen, *, kill: bool = False) -> None:
+    """SIGTERM (or SIGKILL), then SIGKILL if it is still there 10 s later."""
+    if proc.poll() is None:
+        proc.kill() if kill else proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 class ControlPlane:
@@ -127,24 +145,11 @@ class ControlPlane:
                str(self.port), "--lifespan", "on", "--no-access-log", "--log-level", "warning"]
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(**env),
                                      stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
-        deadline = time.time() + 60
-        while True:
-            if self.proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"control plane not up: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code < 500:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        wait_answering(self.proc, f"{self.url}/healthz", self.log, ok=lambda s: s < 500,
+                       what="control plane")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc)
 
 
 @contextmanager
@@ -156,14 +161,7 @@ def following(n: int, *, log_dir: Path, token: str, control_plane: ControlPlane 
     try:
         started = [Replica(f"h{i + 1}", embedded=False, log_dir=log_dir, follow=plane.url,
                            token=token, **env) for i in range(n)]
-        for r in started:
-            r.wait_live()
-        from registry.models import ReplicaHeartbeat
-
-        names = {r.name for r in started}
-        wait_until(lambda: set(ReplicaHeartbeat.objects.filter(replica__in=names)
-                               .values_list("replica", flat=True)) == names,
-                   timeout=30, what=f"replicas {sorted(names)} to report")
+        reported_in(started)
         yield plane, started
     finally:
         for r in started:

@@ -10,7 +10,6 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from registry import selectors
-from registry.models import ReplicaCredential
 from registry.notify import current_revision
 from registry.services.replicas import credential_create, credential_revoke
 
@@ -24,7 +23,7 @@ def _render(request: HttpRequest, form: ReplicaCredentialForm, *, created=None,
     context = {"form": form, "created": created, "nav": "replicas",
                "console_url": console_url(request), "revision": current_revision(),
                "replicas": selectors.replicas(include_lost=True),
-               "credentials": ReplicaCredential.objects.all(),
+               "credentials": selectors.replica_credentials(),
                "environment_credential": bool(settings.REPLICA_TOKEN)}
     response = render(request, "console/replicas.html", context, status=status)
     if created:

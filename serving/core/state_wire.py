@@ -19,7 +19,7 @@ from serving.core.desired_state import (
     VersionSpec,
 )
 from serving.core.pipeline_graph import PipelineError, PipelineGraph
-from serving.core.rate_limits import NO_LIMITS, Limits, PredictKey
+from serving.core.rate_limits import Limits, PredictKey
 
 #: Bumped when a field changes meaning; a replica refuses a document of another format.
 FORMAT = 1
@@ -116,10 +116,9 @@ def _obj(value, where: str) -> dict:
 
 def _decode_limits(doc, where: str) -> Limits:
     doc = _obj(doc, where)
-    limits = Limits(rps=_get(doc, "rps", float, where, default=0.0),
-                    burst=_get(doc, "burst", int, where, default=0),
-                    daily_quota=_get(doc, "daily_quota", int, where, default=0))
-    return limits if limits != NO_LIMITS else NO_LIMITS
+    return Limits(rps=_get(doc, "rps", float, where, default=0.0),
+                  burst=_get(doc, "burst", int, where, default=0),
+                  daily_quota=_get(doc, "daily_quota", int, where, default=0))
 
 
 def _text(doc: dict, key: str, where: str) -> str | None:

@@ -49,12 +49,17 @@ def default_cache_dir() -> Path:
     return Path(base) / "mmc" / "artifacts"
 
 
-def _why(response: httpx.Response) -> str:
+def _detail(response: httpx.Response) -> str:
+    """What a refusal says: its JSON `error` (or DRF's `detail`), else its text."""
     try:
-        detail = response.json().get("error") or response.text
-    except ValueError:
-        detail = response.text
-    return f"the control plane answered {response.status_code}: {str(detail)[:300]}"
+        doc = response.json()
+        return str(doc.get("error") or doc.get("detail") or response.text)
+    except (ValueError, AttributeError):
+        return response.text
+
+
+def _why(response: httpx.Response) -> str:
+    return f"the control plane answered {response.status_code}: {_detail(response)[:300]}"
 
 
 class HttpRegistrySource:
@@ -65,7 +70,7 @@ class HttpRegistrySource:
                  timeout_seconds: float = 10.0, transport: httpx.BaseTransport | None = None):
         if not token:
             raise ValueError("a replica that follows the control plane needs its replica "
-                             "credential (--replica-token or MMC_REPLICA_TOKEN)")
+                             "credential (MMC_REPLICA_TOKEN or --replica-token-file)")
         self.url = url.rstrip("/")
         self.address = address
         self.cache = Path(cache_dir) if cache_dir else default_cache_dir()
@@ -102,12 +107,9 @@ class HttpRegistrySource:
         brought a new revision. Raises SourceUnavailable."""
         with self._lock:
             etag = self._etag
-        try:
-            response = client.get(STATE, params={"wait": f"{wait:g}"} if wait else None,
-                                  headers={"If-None-Match": etag} if etag else None)
-        except httpx.HTTPError as exc:
-            raise SourceUnavailable(f"the control plane at {self.url} did not answer: "
-                                    f"{type(exc).__name__}: {exc}") from None
+        response = self._request("GET", STATE, client=client,
+                                 params={"wait": f"{wait:g}"} if wait else None,
+                                 headers={"If-None-Match": etag} if etag else None)
         if response.status_code == 304:
             return False
         if response.status_code != 200:
@@ -198,10 +200,12 @@ class HttpRegistrySource:
                 "started_at": self.started_at}
         return self._request("PUT", f"/api/v1/replica/heartbeats/{observed.replica}", json=body)
 
-    def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
-        """One call of the replica API; no answer at all is said as the long poll says it."""
+    def _request(self, method: str, path: str, *, client: httpx.Client | None = None,
+                 **kwargs) -> httpx.Response:
+        """One call of the replica API (on `client`, default the reconciler thread's); no
+        answer at all raises SourceUnavailable saying so."""
         try:
-            return self._client.request(method, path, **kwargs)
+            return (client or self._client).request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise SourceUnavailable(f"the control plane at {self.url} did not answer: "
                                     f"{type(exc).__name__}: {exc}") from None
@@ -277,12 +281,7 @@ _AS_SERVING = {401: Unauthorized, 403: Forbidden, 404: ModelNotFound, 409: Confl
 def _raise_for(response: httpx.Response) -> None:
     if response.status_code < 300:
         return
-    try:
-        doc = response.json()
-        detail = doc.get("error") or doc.get("detail") or response.text
-    except ValueError:
-        detail = response.text
-    raise _AS_SERVING.get(response.status_code, InvalidInput)(str(detail)[:500])
+    raise _AS_SERVING.get(response.status_code, InvalidInput)(_detail(response)[:500])
 
 
 def _why_streamed(response: httpx.Response) -> str:
