@@ -254,3 +254,28 @@ def test_the_cli_runs_a_canary_and_a_rollback(users, ready_model, tmp_path):
         assert r.returncode == 0 and '"stable": 1' in r.stdout, r.stdout + r.stderr
         bad = mmc("switch", "clirollout")
         assert bad.returncode == 1 and "state 'stable'" in bad.stderr
+
+
+def test_a_serving_setting_with_wait_answers_once_the_replica_reloaded_the_version(
+        engineer, ready_model, tmp_path):
+    """PATCH …/versions/{n}/?wait= answers with the convergence of the reload it caused, so the
+    very next request meets the new setting (here: the response cache's first hit)."""
+    ready_model("cached", samples.mlp(seed=1))
+    with replicas(1, embedded=not CLUSTERED, log_dir=tmp_path, **QUIET) as (rep,):
+        post(engineer, "cached", "deploy", {"version": 1})
+        r = engineer.patch("/api/v1/models/cached/versions/1/?wait=15",
+                           {"response_cache": True}, format="json")
+        assert r.status_code == 200, r.content
+        assert r.json()["convergence"]["converged"], r.json()
+        with httpx.Client(base_url=rep.url, timeout=10) as http:
+            for _ in range(2):
+                assert http.post("/v2/models/cached/infer", json=BODY).status_code == 200
+            stats = http.get("/v2/models/cached/versions/1/stats").json()
+        assert stats["model_stats"][0]["inference_stats"]["cache_hit"]["count"] == 1, stats
+        described = engineer.patch("/api/v1/models/cached/versions/1/?wait=15",
+                                   {"metrics": {"auc": 0.9}}, format="json")
+        assert described.status_code == 200 and "convergence" not in described.json()
+        bad = engineer.patch("/api/v1/models/cached/versions/1/?wait=soon",
+                             {"response_cache": False}, format="json")
+        assert bad.status_code == 400 and bad.json()["field"] == "wait"
+        assert engineer.get("/api/v1/models/cached/versions/1/").json()["response_cache"]

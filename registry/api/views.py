@@ -266,10 +266,13 @@ class VersionDetailView(APIView):
     def get(self, request, name, number):
         return Response(VersionSerializer(selectors.version_get(name, number)).data)
 
-    @extend_schema(request=VersionConfigSerializer, responses=VersionSerializer)
+    @extend_schema(request=VersionConfigSerializer, responses=VersionSerializer,
+                   parameters=[WAIT])
     def patch(self, request, name, number):
         """Change serving settings (batching, instances, threads) and the descriptive metrics
-        and lineage (merged: null removes a key); every other field is immutable."""
+        and lineage (merged: null removes a key); every other field is immutable. With
+        `?wait=`, a change of serving settings answers once every live replica reloaded it."""
+        seconds = wait_seconds(request)  # a bad ?wait= is refused before anything changes
         if not isinstance(request.data, dict):
             raise InvalidRequest("the body must be a JSON object of serving settings, metrics "
                                  "or lineage")
@@ -289,7 +292,10 @@ class VersionDetailView(APIView):
             if data or not described:
                 services.version_configure(model_name=name, number=number,
                                            actor=actor(request), **data)
-        return Response(VersionSerializer(selectors.version_get(name, number)).data)
+        body = VersionSerializer(selectors.version_get(name, number)).data
+        if seconds is not None and (data or not described):
+            body["convergence"] = wait_for_revision(current_revision(), seconds)
+        return Response(body)
 
     @extend_schema(parameters=[REASON], responses={204: None})
     def delete(self, request, name, number):
