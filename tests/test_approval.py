@@ -317,23 +317,28 @@ def test_cli_reject_needs_a_comment_and_approve_takes_one():
 
 def test_cli_approve_posts_to_the_version(monkeypatch, capsys):
     import importlib
+    import json
+
+    import httpx
+
+    import mmc
 
     cli = importlib.import_module("registry.cli.main")  # the package re-exports main()
 
     calls = []
 
-    class FakeClient:
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append((request.method, request.url.path, json.loads(request.content)))
+        return httpx.Response(200, json={"approval": "approved", "number": 2})
+
+    class Recorded(mmc.Client):  # the real client, its requests answered here
         def __init__(self, url, token):
-            pass
+            super().__init__(url, token, transport=httpx.MockTransport(answer))
 
-        def call(self, method, path, **kwargs):
-            calls.append((method, path, kwargs.get("json")))
-            return {"approval": "approved", "number": 2}
-
-    monkeypatch.setattr(cli, "Client", FakeClient)
+    monkeypatch.setattr(cli, "Client", Recorded)
     assert cli.main(["--url", "http://console", "--token", "t", "approve", M, "2",
                      "--comment", "ok"]) == 0
-    assert calls == [("POST", f"models/{M}/versions/2/approve/", {"comment": "ok"})]
+    assert calls == [("POST", f"/api/v1/models/{M}/versions/2/approve/", {"comment": "ok"})]
     assert f"{M}:2 approved" in capsys.readouterr().err
 
 

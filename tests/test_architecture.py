@@ -186,3 +186,13 @@ def test_the_protocol_core_returns_tensors_and_knows_no_transport():
                         for d in deps if d.startswith("serving."))
     dataplane = (REPO / "serving" / "core" / "dataplane.py").read_text()
     assert "encode_infer_response" not in dataplane and "async def infer(" not in dataplane
+
+
+def test_the_python_client_imports_neither_django_nor_the_server():
+    """`mmc` is what a CI job or a notebook installs: httpx and the standard library only."""
+    offending = [f"{module_name(path)} imports {imported}"
+                 for path in (REPO / "mmc").rglob("*.py")
+                 for imported in imports_of(path, set())
+                 if imported.split(".")[0] in ("django", "rest_framework", "registry", "serving",
+                                               "console")]
+    assert (REPO / "mmc" / "__init__.py").exists() and offending == []

@@ -8,19 +8,12 @@
 from __future__ import annotations
 
 import getpass
-import re
-import socket
 import sys
 
-from registry.cli import config
-from registry.cli.client import Client, CliError
-from registry.cli.config import Credentials
-
-
-def client_name() -> str:
-    """The token's name on the server: which machine it was handed to."""
-    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname() or "unknown") or "unknown"
-    return f"mmc-cli@{host}"[:100]
+from mmc import Client, MmcError, Unauthorized, config
+from mmc.access import client_name
+from mmc.config import Credentials
+from registry.cli.output import CliError
 
 
 def _ask(prompt: str) -> str:
@@ -54,20 +47,20 @@ def cmd_login(creds: Credentials, a) -> int:
     url = url.rstrip("/")
     username = a.username or _ask("Username: ")
     password = _password()
-    # No token goes with a login: the password is the credential, and a token configured for
-    # another server must not reach this one.
-    answer = Client(url, None).call("POST", "tokens/login/", json={
-        "username": username, "password": password, "client": client_name()})
+    # No token goes with a login (Client.login sends none): the password is the credential,
+    # and a token configured for another server must not reach this one.
+    with Client(url) as client:
+        answer = client.login(username, password, client=client_name("mmc-cli"))
     old = creds.saved
-    path = config.save({"url": url, "token": answer["token"], "token_key": answer["token_key"],
-                        "name": answer["name"], "username": answer["user"],
-                        "expiry": answer["expiry"]})
-    if old and old["token"] != answer["token"]:
+    path = config.save({"url": url, "token": answer.token, "token_key": answer.token_key,
+                        "name": answer.name, "username": answer.user, "expiry": answer.expiry})
+    if old and old["token"] != answer.token:
         try:  # the login this one replaces (revoked on its own server): kept nowhere now
-            Client(old["url"], old["token"]).call("POST", "tokens/logout/")
-        except CliError:
+            with Client(old["url"], old["token"]) as replaced:
+                replaced.logout()
+        except MmcError:
             pass  # expired or already revoked
-    print(f"logged in to {url} as {answer['user']} (token {answer['name']}, {_expiry(answer)}); "
+    print(f"logged in to {url} as {answer.user} (token {answer.name}, {_expiry(answer.raw)}); "
           f"saved to {path}", file=sys.stderr)
     if creds.token_from in ("MMC_TOKEN", "--token"):
         print(f"note: {creds.token_from} is set and is used before the saved token",
@@ -79,11 +72,10 @@ def cmd_logout(creds: Credentials, a) -> int:
     if not creds.token:
         raise CliError(f"not logged in to {creds.url} (no saved token, no MMC_TOKEN)")
     try:
-        Client(creds.url, creds.token).call("POST", "tokens/logout/")
+        with Client(creds.url, creds.token) as client:
+            client.logout()
         print(f"revoked the token on {creds.url}", file=sys.stderr)
-    except CliError as exc:
-        if not str(exc).startswith("401"):
-            raise
+    except Unauthorized as exc:
         print(f"the server no longer accepts this token ({exc})", file=sys.stderr)
     if creds.token_from == "config":
         print(f"removed {config.remove()}", file=sys.stderr)
@@ -93,7 +85,8 @@ def cmd_logout(creds: Credentials, a) -> int:
 def cmd_whoami(creds: Credentials, a) -> int:
     if not creds.token:
         raise CliError(f"not logged in to {creds.url}: mmc login (or set MMC_TOKEN)")
-    me = Client(creds.url, creds.token).call("GET", "me/")
+    with Client(creds.url, creds.token) as client:
+        me = client.whoami().raw
     token = me.get("token") or {}
     where = (f"saved in {config.config_path()}" if creds.token_from == "config"
              else f"from {creds.token_from}")

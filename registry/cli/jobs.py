@@ -11,118 +11,83 @@
 from __future__ import annotations
 
 import sys
-import time
 import uuid
 from pathlib import Path
 
-from registry.cli.client import CliError, print_json
-
-FINISHED = ("succeeded", "failed", "cancelled")
-
-
-def _wait(c, job_id: str, timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = c.call("GET", f"jobs/{job_id}/")
-        if job["status"] in FINISHED:
-            return job
-        if time.monotonic() > deadline:
-            p = job["progress"]
-            raise CliError(f"job {job_id} still {job['status']} after {timeout:.0f}s "
-                           f"({p['rows_done']}/{p['rows_total']} rows)")
-        time.sleep(0.5)
+from mmc import Client, Dataset, Job
+from registry.cli.output import CliError, print_json
 
 
-def _download(c, job: dict, out: str) -> None:
-    with c.http.stream("GET", f"jobs/{job['id']}/result/") as r:
-        if r.status_code >= 400:
-            r.read()
-            raise CliError(f"{r.status_code}: {r.text}")
-        with open(out, "wb") as f:
-            for chunk in r.iter_bytes(1024 * 1024):
-                f.write(chunk)
-        if r.headers.get("Inference-Header-Content-Length"):
-            print(f"binary response: JSON header is the first "
-                  f"{r.headers['Inference-Header-Content-Length']} bytes", file=sys.stderr)
+def _download(c: Client, job: Job, out: str) -> None:
+    result = c.download_result(job.id, out)
+    if result.headers.get("inference-header-content-length"):
+        print(f"binary response: JSON header is the first "
+              f"{result.headers['inference-header-content-length']} bytes", file=sys.stderr)
     print(f"wrote {out}", file=sys.stderr)
 
 
-def _finish(c, job: dict, a) -> int:
+def _finish(c: Client, job: Job, a) -> int:
     if a.wait:
-        job = _wait(c, job["id"], a.wait)
-        if job["status"] == "succeeded" and a.out:
+        job = c.wait_job(job.id, timeout=a.wait)
+        if job.status == "succeeded" and a.out:
             _download(c, job, a.out)
-    print_json(job)
-    return 0 if job["status"] != "failed" else 2
+    print_json(job.raw)
+    return 0 if job.status != "failed" else 2
 
 
-def cmd_async_infer(c, a) -> int:
-    path = Path(a.file)
+def _file(name: str) -> Path:
+    path = Path(name)
     if not path.is_file():
         raise CliError(f"{path} is not a file")
-    headers = {"Content-Type": "application/json" if a.header_length is None
-               else "application/octet-stream"}
-    if a.header_length is not None:
-        headers["Inference-Header-Content-Length"] = str(a.header_length)
-    if a.callback_url:
-        headers["X-MMC-Callback-Url"] = a.callback_url
-    if a.callback_secret:
-        headers["X-MMC-Callback-Secret"] = a.callback_secret
-    params = {"version": a.version} if a.version else {}
-    with path.open("rb") as f:
-        job = c.call("POST", f"models/{a.model}/async-infer/", params=params, content=f,
-                     headers=headers)
+    return path
+
+
+def cmd_async_infer(c: Client, a) -> int:
+    job = c.async_infer(a.model, _file(a.file), version=a.version or None,
+                        header_length=a.header_length, callback_url=a.callback_url,
+                        callback_secret=a.callback_secret)
     return _finish(c, job, a)
 
 
-def _upload(c, file: str, fmt: str | None) -> dict:
-    path = Path(file)
-    if not path.is_file():
-        raise CliError(f"{path} is not a file")
-    params = {"filename": path.name, **({"format": fmt} if fmt else {})}
-    with path.open("rb") as f:
-        return c.call("PUT", "datasets/upload/", params=params, content=f,
-                      headers={"Content-Type": "application/octet-stream"})
+def _upload(c: Client, file: str, fmt: str | None) -> Dataset:
+    return c.upload_dataset(_file(file), format=fmt)
 
 
-def cmd_batch_upload(c, a) -> int:
-    print_json(_upload(c, a.file, a.format))
+def cmd_batch_upload(c: Client, a) -> int:
+    print_json(_upload(c, a.file, a.format).raw)
     return 0
 
 
-def cmd_batch_run(c, a) -> int:
+def cmd_batch_run(c: Client, a) -> int:
     try:
         dataset = str(uuid.UUID(a.dataset))
     except ValueError:
-        dataset = _upload(c, a.dataset, a.format)["id"]
+        dataset = _upload(c, a.dataset, a.format).id
         print(f"uploaded dataset {dataset}", file=sys.stderr)
-    body = {"dataset": dataset, "version": a.version, "batch_size": a.batch_size,
-            "chunk_rows": a.chunk_rows, "output_format": a.output_format,
-            "max_rows_per_second": a.max_rows_per_second, "callback_url": a.callback_url or "",
-            "callback_secret": a.callback_secret or ""}
-    job = c.call("POST", f"models/{a.model}/batch/",
-                 json={k: v for k, v in body.items() if v is not None})
+    job = c.batch(a.model, dataset, version=a.version, batch_size=a.batch_size,
+                  chunk_rows=a.chunk_rows, output_format=a.output_format,
+                  max_rows_per_second=a.max_rows_per_second,
+                  callback_url=a.callback_url or "", callback_secret=a.callback_secret or "")
     return _finish(c, job, a)
 
 
-def cmd_job(c, a) -> int:
+def cmd_job(c: Client, a) -> int:
     if a.cancel:
-        job = c.call("POST", f"jobs/{a.id}/cancel/", json={"reason": a.reason})
+        job = c.cancel_job(a.id, reason=a.reason)
     else:
-        job = _wait(c, a.id, a.wait) if a.wait else c.call("GET", f"jobs/{a.id}/")
+        job = c.wait_job(a.id, timeout=a.wait) if a.wait else c.get_job(a.id)
     if a.result:
         _download(c, job, a.result)
-    print_json(job)
-    return 0 if job["status"] != "failed" else 2
+    print_json(job.raw)
+    return 0 if job.status != "failed" else 2
 
 
-def cmd_jobs(c, a) -> int:
-    params = {k: v for k, v in (("kind", a.kind), ("status", a.status), ("model", a.model)) if v}
-    for j in c.call("GET", "jobs/", params=params)["results"]:
-        p = j["progress"]
-        rows = f"{p['rows_done']}/{p['rows_total']}" if p["rows_total"] else ""
-        print(f"{j['id']}  {j['kind']:5} {j['status']:9} {j['model']}:{j['version']:<4} "
-              f"{rows:>16}  {j['failure_reason'][:50]}")
+def cmd_jobs(c: Client, a) -> int:
+    for j in c.list_jobs(kind=a.kind or None, status=a.status or None, model=a.model or None):
+        p = j.progress
+        rows = f"{p['rows_done']}/{p['rows_total']}" if p.get("rows_total") else ""
+        print(f"{j.id}  {j.kind:5} {j.status:9} {j.model}:{j.version:<4} "
+              f"{rows:>16}  {j.failure_reason[:50]}")
     return 0
 
 

@@ -33,41 +33,24 @@ import argparse
 import json
 import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-import httpx
-
-from registry.cli import config
+from mmc import Client, MmcError, Version, config
 from registry.cli.account import account_parsers
-from registry.cli.client import Client, CliError, print_json
 from registry.cli.jobs import job_parsers
+from registry.cli.output import CliError, print_json
 from registry.cli.pipelines import pipeline_parsers
 
 
-def _wait_validated(client: Client, model: str, number: int, timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        version = client.call("GET", f"models/{model}/versions/{number}/")
-        if version["status"] not in ("uploaded", "validating"):
-            return version
-        if time.monotonic() > deadline:
-            raise CliError(f"{model}:{number} still {version['status']} after {timeout:.0f}s")
-        time.sleep(0.5)
-
-
 def cmd_models(c: Client, a) -> int:
-    params = {k: v for k, v in (("search", a.search), ("tag", a.tag)) if v}
-    for m in c.call("GET", "models/", params=params)["results"]:
-        print(f"{m['name']:30} versions={m['version_count']:<4} stable={m['stable_version']}  "
-              f"tags={','.join(m['tags'])}")
+    for m in c.list_models(search=a.search or None, tag=a.tag or None):
+        print(f"{m.name:30} versions={m.version_count:<4} stable={m.stable_version}  "
+              f"tags={','.join(m.tags)}")
     return 0
 
 
 def cmd_create_model(c: Client, a) -> int:
-    print_json(c.call("POST", "models/", json={"name": a.name, "description": a.description,
-                                           "tags": a.tag or []}))
+    print_json(c.create_model(a.name, description=a.description, tags=a.tag or []).raw)
     return 0
 
 
@@ -90,218 +73,163 @@ def cmd_upload(c: Client, a) -> int:
     path = Path(a.file)
     if not path.is_file():
         raise CliError(f"{path} is not a file")
-    params = {"filename": path.name}
+    metadata = None
     if a.metadata:
         try:
-            json.loads(a.metadata)  # fail here, not on the server, on bad JSON
+            metadata = json.loads(a.metadata)  # fail here, not on the server, on bad JSON
         except ValueError as exc:
             raise CliError(f"--metadata is not valid JSON: {exc}") from None
-        params["metadata"] = a.metadata
-    if metrics := parse_metrics(a.metric):
-        params["metrics"] = json.dumps(metrics)
     lineage = {k: v for k, v in (("run_url", a.run_url), ("git_commit", a.git_commit),
                                  ("dataset", a.dataset)) if v}
-    if lineage:
-        params["lineage"] = json.dumps(lineage)
-    with path.open("rb") as f:
-        version = c.call("PUT", f"models/{a.model}/versions/upload/", params=params, content=f,
-                         headers={"Content-Type": "application/octet-stream"})
-    print(version.get("detail") or f"uploaded {a.model}:{version['number']} "
-          f"(sha256 {version['sha256'][:12]}), status {version['status']}", file=sys.stderr)
+    version = c.upload(a.model, path, metadata=metadata, metrics=parse_metrics(a.metric) or None,
+                       lineage=lineage or None)
+    print(version.detail or f"uploaded {a.model}:{version.number} "
+          f"(sha256 {version.sha256[:12]}), status {version.status}", file=sys.stderr)
     if a.wait or a.convert:
-        version = _wait_validated(c, a.model, version["number"], a.wait or 120)
-    if a.convert and (version.get("validation_report") or {}).get("runtime_too_new"):
+        version = c.wait_validated(a.model, version.number, timeout=a.wait or 120)
+    if a.convert and (version.validation_report or {}).get("runtime_too_new"):
         version = _convert(c, a.model, version, a.wait or 120)
-    print_json(version)
-    return 0 if version["status"] != "failed" else 2
+    print_json(version.raw)
+    return 0 if version.status != "failed" else 2
 
 
-def _convert(c: Client, model: str, version: dict, timeout: float) -> dict:
+def _convert(c: Client, model: str, version: Version, timeout: float) -> Version:
     """Validation said the runtime cannot load this IR version/opset: convert, then wait."""
-    print(f"{model}:{version['number']} failed validation: {version['failure_reason']}",
+    print(f"{model}:{version.number} failed validation: {version.failure_reason}",
           file=sys.stderr)
-    new = c.call("POST", f"models/{model}/versions/{version['number']}/convert/")
-    done = new["metadata"].get("conversion") or {}
+    new = c.convert(model, version.number)
+    done = new.metadata.get("conversion") or {}
     frm, to, tol = done.get("from", {}), done.get("to", {}), done.get("tolerance", {})
-    print(new.get("detail") or (
-        f"converted {model}:{version['number']} (IR {frm.get('ir_version')}, opset "
-        f"{frm.get('opset')}) to {model}:{new['number']} (IR {to.get('ir_version')}, opset "
+    print(new.detail or (
+        f"converted {model}:{version.number} (IR {frm.get('ir_version')}, opset "
+        f"{frm.get('opset')}) to {model}:{new.number} (IR {to.get('ir_version')}, opset "
         f"{to.get('opset')}): outputs match, max abs diff {done.get('max_abs_diff')} "
         f"(rtol {tol.get('rtol')}, atol {tol.get('atol')})"), file=sys.stderr)
-    return _wait_validated(c, model, new["number"], timeout)
+    return c.wait_validated(model, new.number, timeout=timeout)
 
 
 def cmd_versions(c: Client, a) -> int:
-    params = [("metric", m) for m in a.metric or ()] + [("metadata", m) for m in a.metadata or ()]
     print(f"{'#':>4}  {'STATUS':10} {'SHA256':12}  {'BYTES':>10}  {'ALIASES':7}  METRICS  FAILURE")
-    for v in c.call("GET", f"models/{a.model}/versions/", params=params)["results"]:
-        metrics = " ".join(f"{k}={val:g}" for k, val in (v.get("metrics") or {}).items())
-        print(f"{v['number']:>4}  {v['status']:10} {v['sha256'][:12]}  {v['size_bytes']:>10}  "
-              f"{','.join(v['aliases']) or '-':7}  {metrics or '-'}  {v['failure_reason'][:60]}"
+    for v in c.list_versions(a.model, metric=a.metric or (), metadata=a.metadata or ()):
+        metrics = " ".join(f"{k}={val:g}" for k, val in (v.metrics or {}).items())
+        print(f"{v.number:>4}  {v.status:10} {v.sha256[:12]}  {v.size_bytes:>10}  "
+              f"{','.join(v.aliases) or '-':7}  {metrics or '-'}  {v.failure_reason[:60]}"
               .rstrip())
     return 0
 
 
 def cmd_delete(c: Client, a) -> int:
     """delete-version / delete-model: refused (409, printed) while anything holds a version."""
-    what = f"{a.model}:{a.version}" if a.command == "delete-version" else f"model {a.model}"
-    path = (f"models/{a.model}/versions/{a.version}/" if a.command == "delete-version"
-            else f"models/{a.model}/")
-    c.call("DELETE", path, params={"reason": a.reason} if a.reason else None)
-    print(f"deleted {what}", file=sys.stderr)
+    if a.command == "delete-version":
+        c.delete_version(a.model, a.version, reason=a.reason)
+        print(f"deleted {a.model}:{a.version}", file=sys.stderr)
+    else:
+        c.delete_model(a.model, reason=a.reason)
+        print(f"deleted model {a.model}", file=sys.stderr)
     return 0
 
 
 def cmd_alias(c: Client, a) -> int:
     if a.delete:
-        c.call("DELETE", f"models/{a.model}/aliases/{a.alias}/")
+        c.delete_alias(a.model, a.alias)
     else:
-        print_json(c.call("PUT", f"models/{a.model}/aliases/{a.alias}/",
-                          json={"version": a.version}))
+        print_json(c.set_alias(a.model, a.alias, a.version).raw)
     return 0
 
 
 def cmd_deploy(c: Client, a) -> int:
-    params = {"wait": a.wait} if a.wait else {}
-    body = c.call("POST", f"models/{a.model}/endpoint/deploy/", params=params,
-                  json={"version": a.version, "reason": a.reason})
-    print_json(body)
-    conv = body.get("convergence")
-    return 0 if conv is None or conv["converged"] else 3
+    endpoint = c.deploy(a.model, a.version, reason=a.reason, wait=a.wait or None)
+    print_json(endpoint.raw)
+    return 0 if endpoint.converged else 3
 
 
 def cmd_decide(c: Client, a) -> int:
     """approve / reject: the version's approval, decided by someone other than its uploader."""
-    version = c.call("POST", f"models/{a.model}/versions/{a.version}/{a.command}/",
-                     json={"comment": a.comment})
+    decide = c.approve if a.command == "approve" else c.reject
+    version = decide(a.model, a.version, comment=a.comment)
     print(f"{a.model}:{a.version} {a.command}d", file=sys.stderr)  # a refusal raised already
-    print_json(version)
+    print_json(version.raw)
     return 0
 
 
 ROLLOUT_OPS = {
-    # command: (path under endpoint/, positional args, help)
+    # command: (the client's method, positional args, help)
     "canary": ("canary", ("version",), "route --weight %% of traffic to a ready candidate"),
-    "weight": ("weight", ("weight",), "set the candidate's share (0-100)"),
+    "weight": ("set_weight", ("weight",), "set the candidate's share (0-100)"),
     "promote": ("promote", (), "make the candidate stable (old stable stays warm)"),
     "abort": ("abort", (), "drop the candidate"),
-    "pause": ("analysis/pause", (), "pause the automated canary analysis"),
-    "resume": ("analysis/resume", (), "resume the automated canary analysis"),
+    "pause": ("pause_analysis", (), "pause the automated canary analysis"),
+    "resume": ("resume_analysis", (), "resume the automated canary analysis"),
     "rollback": ("rollback", ("version",), "point stable at an earlier ready version"),
-    "bg-deploy": ("blue-green/deploy", ("version",), "load a version into the idle colour"),
-    "switch": ("blue-green/switch", (), "send all traffic to the idle colour"),
-    "switch-back": ("blue-green/switch-back", (), "send all traffic back"),
-    "bg-finish": ("blue-green/finish", (), "leave blue-green; drop the idle colour"),
-    "shadow": ("shadow", ("version",), "mirror traffic to a version (or --stop)"),
+    "bg-deploy": ("bluegreen_deploy", ("version",), "load a version into the idle colour"),
+    "switch": ("switch", (), "send all traffic to the idle colour"),
+    "switch-back": ("switch_back", (), "send all traffic back"),
+    "bg-finish": ("bluegreen_finish", (), "leave blue-green; drop the idle colour"),
+    "shadow": ("start_shadow", ("version",), "mirror traffic to a version (or --stop)"),
 }
 
 
 def cmd_rollout(c: Client, a) -> int:
-    path, positional, _ = ROLLOUT_OPS[a.command]
-    params = {"wait": a.wait} if a.wait else {}
-    body = {"reason": a.reason, **{name: getattr(a, name) for name in positional}}
+    method, positional, _ = ROLLOUT_OPS[a.command]
+    args = [getattr(a, name) for name in positional]
+    options = {"reason": a.reason, "wait": a.wait or None}
     if a.command == "canary":
-        body.update(weight=a.weight, override=a.override)
-        if a.plan:
-            body["plan"] = json.loads(a.plan)
-    if a.command == "rollback" and a.unload_first:
-        body["order"] = "unload-first"
+        try:
+            plan = json.loads(a.plan) if a.plan else None
+        except ValueError as exc:
+            raise CliError(f"--plan is not valid JSON: {exc}") from None
+        options.update(weight=a.weight, override=a.override, plan=plan)
+    if a.command == "rollback":
+        options["unload_first"] = a.unload_first
     if a.command == "shadow" and a.stop:
-        result = c.call("DELETE", f"models/{a.model}/endpoint/shadow/",
-                        params={**params, "reason": a.reason})
-    else:
-        result = c.call("POST", f"models/{a.model}/endpoint/{path}/", params=params, json=body)
-    print_json(result)
-    conv = result.get("convergence")
-    return 0 if conv is None or conv["converged"] else 3
+        method, args = "stop_shadow", []
+    endpoint = getattr(c, method)(a.model, *args, **options)
+    print_json(endpoint.raw)
+    return 0 if endpoint.converged else 3
 
 
 def cmd_export(c: Client, a) -> int:
-    """Stream the archive to a temporary name, rename when complete: no half-written file.
-    A KServe export is unpacked into the folder -o names (its files, ready for kubectl)."""
-    out = Path(a.output)
-    partial = out.with_name(out.name + ".part")
-    if a.format == "kserve":  # downloaded aside, unpacked into the folder once complete
-        fd, name = tempfile.mkstemp(prefix="mmc-kserve-", suffix=".tar.gz")
-        os.close(fd)
-        partial = Path(name)
-        params = {"format": "kserve", "runtime": a.runtime}
-        params |= {k: v for k, v in (("storage_uri", a.storage_uri), ("name", a.name)) if v}
-    else:
-        params = {"format": a.format, "versions": a.versions or "all"}
-    try:
-        with c.http.stream("GET", f"models/{a.model}/export", params=params) as r:
-            if r.status_code >= 400:
-                r.read()
-                try:
-                    message = r.json().get("error", r.text)
-                except ValueError:
-                    message = r.text
-                partial.unlink(missing_ok=True)
-                raise CliError(f"{r.status_code}: {message}")
-            with partial.open("wb") as f:
-                for chunk in r.iter_bytes():
-                    f.write(chunk)
-    except httpx.HTTPError as exc:
-        partial.unlink(missing_ok=True)
-        raise CliError(f"export failed: {exc}") from None
-    versions = r.headers.get("X-Exported-Versions", "?")
+    """The client writes the archive whole (no half-written file); a KServe export is unpacked
+    into the folder -o names (its files, ready for kubectl)."""
     if a.format == "kserve":
-        try:
-            written = _unpack(partial, out)
-        finally:
-            partial.unlink(missing_ok=True)
-        for path in written:
+        export = c.export(a.model, a.output, format="kserve", runtime=a.runtime,
+                          storage_uri=a.storage_uri or None, name=a.name or None)
+    else:
+        export = c.export(a.model, a.output, format=a.format, versions=a.versions or "all")
+    versions = ",".join(str(v) for v in export.versions) or "?"
+    if a.format == "kserve":
+        for path in export.files:
             print(path)
-        print(f"wrote {len(written)} files to {out} (versions {versions}); apply with "
-              f"kubectl apply -f {out}", file=sys.stderr)
+        print(f"wrote {len(export.files)} files to {export.path} (versions {versions}); apply "
+              f"with kubectl apply -f {export.path}", file=sys.stderr)
         return 0
-    partial.replace(out)
-    print(f"wrote {out} (versions {versions}, {out.stat().st_size} bytes)", file=sys.stderr)
+    print(f"wrote {export.path} (versions {versions}, {export.size_bytes} bytes)",
+          file=sys.stderr)
     return 0
 
 
-def _unpack(archive: Path, folder: Path) -> list[Path]:
-    """The archive's files under `folder`, without its top-level folder; tarfile's "data"
-    filter refuses links and paths that would leave `folder`."""
-    import tarfile
-
-    with tarfile.open(archive, "r:gz") as tar:
-        members = []
-        for m in tar.getmembers():
-            _, _, rest = m.name.partition("/")
-            if rest:
-                m.name = rest
-                members.append(m)
-        folder.mkdir(parents=True, exist_ok=True)
-        tar.extractall(folder, members=members, filter="data")
-    return sorted(folder / m.name for m in members if m.isfile())
-
-
 def cmd_tensorrt(c: Client, a) -> int:
-    path = f"models/{a.model}/versions/{a.version}/tensorrt/"
-    print_json(c.call("POST", path, json={"precision": a.precision})["validation_report"].get(
-        "tensorrt"))
+    print_json(c.build_tensorrt(a.model, a.version, precision=a.precision)
+               .validation_report.get("tensorrt"))
     return 0
 
 
 def cmd_webhooks(c: Client, a) -> int:
-    for h in c.call("GET", "webhooks/")["results"]:
-        print(f"{h['id']:>4}  {'on ' if h['active'] else 'off'}  {h['model'] or '*':20} "
-              f"{','.join(h['events']) or '*':30} {h['url']}")
+    for h in c.list_webhooks():
+        print(f"{h.id:>4}  {'on ' if h.active else 'off'}  {h.model or '*':20} "
+              f"{','.join(h.events) or '*':30} {h.url}")
     return 0
 
 
 def cmd_webhook_add(c: Client, a) -> int:
-    print_json(c.call("POST", "webhooks/", json={"url": a.url, "model": a.model, "name": a.name,
-                                             "events": a.event or []}))
+    print_json(c.create_webhook(a.url, model=a.model, name=a.name, events=a.event or []).raw)
     return 0
 
 
 def cmd_webhook_test(c: Client, a) -> int:
-    delivery = c.call("POST", f"webhooks/{a.id}/test/")
-    print_json(delivery)
-    return 0 if delivery["status"] == "succeeded" else 2
+    delivery = c.test_webhook(a.id)
+    print_json(delivery.raw)
+    return 0 if delivery.status == "succeeded" else 2
 
 
 def _integration_parsers(sub) -> None:
@@ -473,8 +401,9 @@ def _main(argv: list[str] | None) -> int:
     try:
         if getattr(command, "account", False):
             return command.fn(creds, command)
-        return command.fn(Client(creds.url, creds.token), command)
-    except CliError as exc:
+        with Client(creds.url, creds.token) as client:
+            return command.fn(client, command)
+    except (CliError, MmcError) as exc:
         print(f"mmc: {exc}", file=sys.stderr)
         return 1
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from registry.cli.client import CliError, print_json
+from mmc import Client, NotFound
+from registry.cli.output import CliError, print_json
 
 
-def cmd_pipeline_create(c, a) -> int:
+def cmd_pipeline_create(c: Client, a) -> int:
     try:
         spec = json.loads(Path(a.spec).read_text())
     except OSError as exc:
@@ -21,12 +22,10 @@ def cmd_pipeline_create(c, a) -> int:
         raise CliError(f"{a.spec} is not JSON: {exc}") from None
     if a.create_model:
         try:
-            c.call("GET", f"models/{a.model}/")
-        except CliError as exc:
-            if not str(exc).startswith("404"):
-                raise
-            c.call("POST", "models/", json={"name": a.model})
-    print_json(c.call("POST", f"models/{a.model}/versions/pipeline/", json=spec))
+            c.get_model(a.model)
+        except NotFound:
+            c.create_model(a.model)
+    print_json(c.create_pipeline(a.model, spec).raw)
     return 0
 
 

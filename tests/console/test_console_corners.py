@@ -130,12 +130,13 @@ def test_job_rates_read_with_separators_and_sensible_precision():
 
 
 def test_cli_versions_prints_a_header(capsys):
+    from mmc import Version
     from registry.cli.main import cmd_versions
 
     class Fake:
-        def call(self, method, path, params=None):
-            return {"results": [{"number": 1, "status": "ready", "sha256": "a" * 64,
-                                 "size_bytes": 10, "aliases": [], "failure_reason": ""}]}
+        def list_versions(self, model, **filters):
+            return [Version.of({"number": 1, "status": "ready", "sha256": "a" * 64,
+                                "size_bytes": 10, "aliases": [], "failure_reason": ""})]
 
     class Args:
         model = "m"

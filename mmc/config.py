@@ -1,12 +1,14 @@
-"""Where `mmc` finds its server and token: --url/--token, else MMC_URL/MMC_TOKEN, else the file
-`mmc login` wrote ($XDG_CONFIG_HOME/mmc/config.json or ~/.config/mmc/config.json, mode 0600 in a
-0700 folder). The saved token is only ever sent to the server it was issued by: a URL from the
-command line or the environment that names another server gets no token from the file."""
+"""Where a client finds its server and token, the same for `mmc.Client()` and the `mmc` CLI:
+the arguments (the CLI's --url/--token), else MMC_URL/MMC_TOKEN, else the file `mmc login` wrote
+($XDG_CONFIG_HOME/mmc/config.json or ~/.config/mmc/config.json, mode 0600 in a 0700 folder). The
+saved token is only ever sent to the server it was issued by: a URL from an argument or the
+environment that names another server gets no token from the file."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,18 +67,19 @@ def remove() -> Path | None:
 class Credentials:
     url: str
     token: str | None
-    url_from: str  # "--url", "MMC_URL", "config", "default"
-    token_from: str | None  # "--token", "MMC_TOKEN", "config", or None
+    url_from: str  # "--url" (an argument), "MMC_URL", "config", "default"
+    token_from: str | None  # "--token" (an argument), "MMC_TOKEN", "config", or None
     saved: dict  # the config file's login ({} if none)
 
     @property
     def explicit_url(self) -> str | None:
-        """The URL the caller named (flag or environment), not one read from the file."""
+        """The URL the caller named (argument or environment), not one read from the file."""
         return self.url if self.url_from in ("--url", "MMC_URL") else None
 
 
-def resolve(*, url: str | None, token: str | None, environ=os.environ) -> Credentials:
-    """--url/--token > MMC_URL/MMC_TOKEN > the saved login, each item on its own; the saved token
+def resolve(*, url: str | None, token: str | None,
+            environ: Mapping[str, str] = os.environ) -> Credentials:
+    """Arguments > MMC_URL/MMC_TOKEN > the saved login, each item on its own; the saved token
     only goes with the saved URL."""
     saved = load()
     if url:
