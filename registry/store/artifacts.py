@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from django.conf import settings
+from django.core.checks import Error, register
 
 from registry.store.blobs import (
     ArtifactStore,
@@ -30,6 +31,7 @@ from registry.store.blobs import (
     stat_or_none,
 )
 from registry.store.writer import CHUNK, HashingWriter
+from serving.core.extras import MissingExtra, require
 from serving.core.hashing import file_sha256
 
 __all__ = ["CHUNK", "ArtifactStore", "ArtifactUnavailable", "BlobStat", "FileStore",
@@ -121,9 +123,29 @@ def default_store() -> ArtifactStore:
     return FileStore(settings.ARTIFACT_ROOT, settings.MAX_UPLOAD_BYTES)
 
 
+def _s3_feature(url: str) -> str:
+    return f"The S3 artifact store is on (ARTIFACT_STORE={url})"
+
+
+@register()
+def artifact_store_extra(app_configs=None, **kwargs) -> list:
+    """ARTIFACT_STORE=s3://… without the [s3] extra stops `manage.py start` (and every command
+    that runs the system checks) before it serves, rather than failing the first upload.
+    Registered as the registry app loads this module (tests/test_extras.py checks it is)."""
+    url = settings.ARTIFACT_STORE
+    if not url.startswith("s3://"):
+        return []
+    try:
+        require("s3", feature=_s3_feature(url))
+    except MissingExtra as exc:
+        return [Error(str(exc), id="mmc.store.E001")]
+    return []
+
+
 @functools.lru_cache(maxsize=8)
 def _s3_store(url: str, endpoint_url: str, local_root: Path, max_bytes: int) -> ArtifactStore:
     """One S3Store (and its boto3 client, thread-safe and slow to make) per configuration."""
+    require("s3", feature=_s3_feature(url))  # a Celery worker runs no system checks
     from registry.store.s3 import S3Store  # boto3 only where an object store is configured
 
     return S3Store(url, endpoint_url=endpoint_url or None, local_root=local_root,

@@ -9,16 +9,31 @@ None for anything unusual (a non-numeric datatype, ragged or empty nesting, a `[
 a duplicate key, a byte order mark, integers a float type might round differently, any simdjson
 complaint), and the caller then runs the general parser, which owns every 400 message.
 tests/serving/test_json_numbers.py checks that both agree on random and damaged bodies.
+
+pysimdjson is the `[fast-json]` extra: without it `load` always says "not sure" (the general
+parser reads every body, as it did before this path) and start-up logs one line naming the extra
+(`log_if_unavailable`, from serving.http.app).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from typing import Any
 
 import numpy as np
-import simdjson
+
+from serving.core.extras import missing
+
+try:
+    import simdjson
+except ImportError:  # the [fast-json] extra is not installed
+    simdjson = None
+
+log = logging.getLogger(__name__)
+#: whether this path runs at all (pysimdjson, the [fast-json] extra, is installed)
+AVAILABLE = simdjson is not None
 
 #: below this a body goes straight to orjson: simdjson's setup costs as much as it saves
 FAST_MIN_BYTES = 16 * 1024
@@ -29,9 +44,17 @@ _INTEGERS = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UI
 _EXACT = {"FP16": float(2**53), "FP32": float(2**53), "FP64": float(2**63)}
 _MAX_NESTING = 32
 _BOM = b"\xef\xbb\xbf"  # simdjson skips it; orjson (and so the general path) refuses it
-_Array = simdjson.Array
-_Object = simdjson.Object
+_Array = simdjson.Array if AVAILABLE else None
+_Object = simdjson.Object if AVAILABLE else None
 _local = threading.local()
+
+
+def log_if_unavailable() -> None:
+    """One line at start-up when pysimdjson is missing: large numeric bodies still parse, slower."""
+    if not AVAILABLE:
+        log.warning("%s: large JSON bodies are read by the general parser (slower); "
+                    "pip install 'mmc[fast-json]' reads their numeric data straight into numpy",
+                    missing("fast-json") or "pysimdjson does not import")
 
 
 class Numbers:
@@ -55,7 +78,7 @@ class _Unusual(ValueError):
 def load(body: bytes) -> dict | None:
     """The body as orjson.loads would return it, each input's numeric `data` a Numbers; or None
     when the general parser must decide (it also produces every error message)."""
-    if body.startswith(_BOM):
+    if not AVAILABLE or body.startswith(_BOM):
         return None
     parser = getattr(_local, "parser", None)
     if parser is None:

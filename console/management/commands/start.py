@@ -21,6 +21,7 @@ from registry.store.artifacts import default_store
 from registry.tasks import recover_validations
 from registry.validation import validate_version
 from serving.cli import add_grpc_arguments, use_grpc_arguments
+from serving.core.extras import MissingExtra
 from serving.process.replica_address import advertised_url
 
 VALIDATING = (VersionStatus.UPLOADED, VersionStatus.VALIDATING)
@@ -37,6 +38,11 @@ class Command(BaseCommand):
         add_grpc_arguments(parser)
 
     def handle(self, *args, host, port, no_demo, no_serve, **options):
+        if not no_serve:  # before the app is built; gRPC without its extra stops here, first
+            try:
+                use_grpc_arguments(SimpleNamespace(host=host, **options))
+            except MissingExtra as exc:
+                raise CommandError(str(exc)) from None
         call_command("migrate", interactive=False, verbosity=0)
         services.ensure_roles()
         self._admin()
@@ -45,7 +51,6 @@ class Command(BaseCommand):
         recover_validations()
         if no_serve:
             return
-        use_grpc_arguments(SimpleNamespace(host=host, **options))  # before the app is built
         # The embedded replica advertises this server's URL: load tests (a job of this process
         # when embedded) reach it there. On every interface, loopback is this process.
         os.environ["MMC_REPLICA_ADDRESS"] = advertised_url(
