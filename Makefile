@@ -32,7 +32,8 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 # its versions from the full one.
 lock: install
 	$(UV) compile -q pyproject.toml --extra dev $(LOCK_FOR) -o $(LOCK)
-	$(UV) compile -q pyproject.toml --extra grpc --extra s3 --extra fast-json -c $(LOCK) \
+	$(UV) compile -q pyproject.toml --extra grpc --extra s3 --extra fast-json \
+		--extra tracing --extra json-logs -c $(LOCK) \
 		$(LOCK_FOR) -o $(RUNTIME_LOCK)
 
 start: install          ## embedded mode on http://$(HOST):$(PORT) (make start PORT=8080)

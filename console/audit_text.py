@@ -41,6 +41,7 @@ SIMPLE = {
     "replica.remove": "removed replica {target}", "replica.forget": "forgot replica {target}",
     "jobs.expire": "expired old job results", "datasets.expire": "expired old datasets",
     "artifacts.gc": "removed unreferenced artifacts",
+    "config.apply": "applied mmc.yaml ({target})",
 }
 
 
@@ -101,6 +102,20 @@ def _endpoint(op: str, model: str, before: dict, after: dict) -> str:
     return f"{verb} {model}"
 
 
+def _config_search(op: str, actor: str, what: str, after: dict) -> str:
+    search = f"config search {after.get('search', '')}"
+    if op == "create":
+        return (f"{actor} started {search} of {what} ({after.get('points')} points × "
+                f"{after.get('seconds')} s)")
+    if op == "cancel":
+        return f"{actor} cancelled {search} of {what}"
+    if op == "apply":
+        return f"{actor} applied point #{after.get('point')} of {search} to {what}"
+    best = after.get("best")
+    return (f"{search} of {what} {op}" + (f", best point #{best}" if best is not None else "")
+            + (f": {_brief(after['reason'])}" if after.get("reason") else ""))
+
+
 def describe(event) -> str:
     """'admin promoted v3 of scorer (was v2), reason “…”' — who did what, in words."""
     action, actor = event.action, event.actor_name or "someone"
@@ -155,6 +170,8 @@ def describe(event) -> str:
         text = (f"{after.get('kind', '')} job {event.target[:8]} on {_v(after.get('version'))}"
                 f"{of} {status}" + (f" after {rows:,} rows" if rows else "")
                 + (f": {_brief(after['reason'])}" if after.get("reason") else ""))
+    elif action.startswith("config_search."):
+        text = _config_search(action.split(".", 1)[1], actor, f"v{number} of {model}", after)
     elif action == "webhook.update" and set(after) >= {"active"} and \
             before.get("active") != after.get("active"):
         text = f"{actor} {'enabled' if after['active'] else 'disabled'} webhook {event.target}"

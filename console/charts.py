@@ -1,5 +1,6 @@
-"""Small line charts drawn on the server as inline SVG: one polyline per version, axes, ticks and
-a text legend. No chart library: the deployment page redraws them by polling an htmx partial."""
+"""Small charts drawn on the server as inline SVG: line charts (one polyline per version, axes,
+ticks and a text legend) and the serving-config search's throughput-against-p99 scatter. No chart
+library: the pages redraw them by polling an htmx partial."""
 
 from __future__ import annotations
 
@@ -168,3 +169,91 @@ def version_charts(series: list[Series], *, seconds: int = 300, now: float | Non
     return [line_chart(key, title, unit, scale, series, seconds=seconds, now=now, events=events,
                        end_label=end_label)
             for key, title, unit, scale in METRICS]
+
+
+# The serving-config search's chart: throughput against p99, one marker per measured point.
+SCATTER = {"width": 480, "height": 260, "left": 56, "right": 24, "top": 16, "bottom": 44}
+FITS = {"colour": "#2457c5", "marker": "circle", "name": "filled circle"}
+MISSES = {"colour": "#8a94a3", "marker": "square", "name": "hollow square"}
+
+
+#: Where a point's label may go, tried in turn: (dx, dy of the baseline, text-anchor).
+LABEL_SPOTS = ((7, -6, "start"), (-7, -6, "end"), (7, 13, "start"), (-7, 13, "end"))
+
+
+def _place_labels(dots: list[dict]) -> None:
+    """Put each label beside its point where it covers no other label and no other point
+    (the first spot free, else the first spot): near points stay told apart."""
+    placed: list[tuple[float, float, float, float]] = []
+
+    def free(box: tuple[float, float, float, float], own: dict) -> bool:
+        clear_of_points = all(not (box[0] - pad <= o["x"] <= box[2] + pad
+                                   and box[1] - pad <= o["y"] <= box[3] + pad)
+                              for o in dots if o is not own
+                              for pad in [9 if o["best"] else 4])  # the best is ringed
+        return clear_of_points and all(box[2] < b[0] or b[2] < box[0] or box[3] < b[1]
+                                       or b[3] < box[1] for b in placed)
+
+    for d in dots:
+        width = 6.2 * len(d["label"])
+        spots = []
+        for dx, dy, anchor in LABEL_SPOTS:
+            x0 = d["x"] + dx - (width if anchor == "end" else 0)
+            spots.append(((x0, d["y"] + dy - 9, x0 + width, d["y"] + dy + 2), dx, dy, anchor))
+        box, dx, dy, anchor = next((spot for spot in spots if free(spot[0], d)), spots[0])
+        placed.append(box)
+        d.update(label_x=round(d["x"] + dx, 1), label_y=round(d["y"] + dy, 1), anchor=anchor)
+
+
+def scatter_chart(points: list[dict], *, budget: float | None = None, best: int | None = None,
+                  chart_id: str = "config-search-chart") -> dict:
+    """Geometry for templates/console/partials/scatter_chart.html: each measured point at (p99
+    ms, req/s), numbered as in its table; those within the budget with no errors a filled
+    circle, the others a hollow square (never colour alone); the budget a dashed line; the
+    best ringed and named."""
+    g = SCATTER
+    plot_w = g["width"] - g["left"] - g["right"]
+    plot_h = g["height"] - g["top"] - g["bottom"]
+    measured = [(i, p) for i, p in enumerate(points) if not p.get("failure")
+                and p.get("rps") is not None and p.get("p99_ms") is not None]
+    slowest = max((p["p99_ms"] for _, p in measured), default=0)
+    # the budget is drawn where it does not squeeze the points into a corner; beyond, it is named
+    x_top = nice_ceiling(max(slowest, min(budget or 0, 2 * slowest) if slowest else budget or 0))
+    y_top = nice_ceiling(max((p["rps"] for _, p in measured), default=0))
+
+    def x_of(ms: float) -> float:
+        return g["left"] + plot_w * min(ms / x_top, 1.0)
+
+    def y_of(rps: float) -> float:
+        return g["top"] + plot_h * (1 - min(rps / y_top, 1.0))
+
+    dots = []
+    for i, p in measured:
+        fits = budget is not None and p["p99_ms"] <= budget and not p.get("errors")
+        x, y = x_of(p["p99_ms"]), y_of(p["rps"])
+        style = FITS if fits else MISSES
+        dots.append({"n": i, "x": round(x, 1), "y": round(y, 1), "fits": fits, "best": i == best,
+                     "marker": _marker(style["marker"], x, y), "colour": style["colour"],
+                     "label": f"#{i}" + (" best" if i == best else ""),
+                     "title": f"#{i}: {fmt(p['rps'])} req/s, p99 {fmt(p['p99_ms'])} ms"
+                              + (f", errors {sum(p['errors'].values())}" if p.get("errors")
+                                 else "")})
+    _place_labels(dots)
+    best_dot = next((d for d in dots if d["best"]), None)
+    return {
+        "id": chart_id, **g, "right_x": g["width"] - g["right"],
+        "bottom_y": g["height"] - g["bottom"], "mid_x": g["left"] + plot_w / 2,
+        "mid_y": g["top"] + plot_h / 2, "label_y": g["height"] - g["bottom"] + 16,
+        "axis_y": g["height"] - 6, "dots": dots, "best": best_dot, "fits": FITS,
+        "misses": MISSES,
+        "x_ticks": [{"x": round(x_of(x_top * f), 1), "label": fmt(x_top * f)}
+                    for f in (0, 0.25, 0.5, 0.75, 1)],
+        "y_ticks": [{"y": round(y_of(y_top * f), 1), "label": fmt(y_top * f)}
+                    for f in (0, 0.5, 1)],
+        "budget": ({"x": round(x_of(budget), 1), "off": budget > x_top,
+                    "label": f"p99 budget {fmt(budget)} ms" + (" →" if budget > x_top else "")}
+                   if budget is not None else None),
+        "summary": (f"{len(dots)} point{'s' if len(dots) != 1 else ''}; "
+                    + (f"the best {best_dot['title']}" if best_dot
+                       else "none is best (within the budget with no errors)")),
+    }

@@ -287,3 +287,82 @@ class LoadTestForm(forms.Form):
 
     def service_kwargs(self) -> dict:
         return dict(self.cleaned_data)
+
+
+def _whole_numbers(raw: str) -> list[int]:
+    try:
+        return [int(s) for s in raw.replace(" ", "").split(",") if s]
+    except ValueError:
+        raise forms.ValidationError("whole numbers separated by commas, e.g. 0, 8") from None
+
+
+class ConfigSearchForm(forms.Form):
+    """A serving-config search of the version page's version: the values to try per setting
+    (empty: the version's own), how each point is measured, the p99 budget. The service checks
+    every bound; labels differ from the load test's and the serving form's on the same page."""
+
+    GRID = {"max_batch_size": "Try batch sizes", "max_queue_delay_us": "Try queue delays (µs)",
+            "instance_count": "Try instance counts", "intra_op_threads": "Try thread counts"}
+    CACHE = {"": [], "off": [False], "on": [True], "both": [False, True]}
+
+    max_batch_size = forms.CharField(required=False, label=GRID["max_batch_size"],
+                                     help_text="max batch size; e.g. 0, 8 (0: no batching)")
+    max_queue_delay_us = forms.CharField(required=False, label=GRID["max_queue_delay_us"],
+                                         help_text="how long a request waits for a batch")
+    instance_count = forms.CharField(required=False, label=GRID["instance_count"],
+                                     help_text="copies of the model per replica")
+    intra_op_threads = forms.CharField(required=False, label=GRID["intra_op_threads"],
+                                       help_text="onnxruntime threads per run (0: its default)")
+    response_cache = forms.ChoiceField(
+        required=False, label="Try the cache",
+        choices=[("", "as it is"), ("off", "off"), ("on", "on"), ("both", "off, then on")])
+    concurrency = forms.IntegerField(min_value=1, initial=4, label="In flight",
+                                     help_text="requests at once while a point is measured")
+    seconds = forms.IntegerField(min_value=1, initial=5, label="Seconds per point")
+    p99_budget_ms = forms.FloatField(min_value=0, initial=100, label="p99 budget (ms)",
+                                     help_text="the best point keeps p99 within it")
+    replica = forms.ChoiceField(required=False, label="Measure on replica", choices=[])
+    confirm = forms.BooleanField(required=False, label="It takes real traffic: sweep anyway")
+    key = forms.CharField(required=False, label="Predict key for the sweep", strip=True,
+                          widget=forms.PasswordInput(attrs={"autocomplete": "off"}),
+                          help_text="used for this search only, never stored")
+
+    def __init__(self, *args, replicas: Iterable[str] = (), **kwargs):
+        kwargs.setdefault("auto_id", "cs-%s")  # the load test's form uses the default ids
+        super().__init__(*args, **kwargs)
+        self.fields["replica"].choices = [("", "default (embedded / first live)"),
+                                          *((r, r) for r in replicas)]
+
+    @classmethod
+    def for_version(cls, version, *, replicas: Iterable[str] = (), batchable: bool = True
+                    ) -> ConfigSearchForm:
+        """A first grid worth running: batching off and on (where the inputs allow it) times
+        one and two instances, the version's own values among them."""
+        def around(own: int, other: int) -> str:
+            return ", ".join(map(str, sorted({own, other})))
+
+        initial = {"instance_count": around(version.instance_count,
+                                            2 if version.instance_count == 1 else 1)}
+        if batchable:
+            initial["max_batch_size"] = around(version.max_batch_size,
+                                               0 if version.max_batch_size else 8)
+        return cls(initial=initial, replicas=replicas)
+
+    def clean(self) -> dict:
+        data = super().clean()
+        for name in self.GRID:
+            if name in data:
+                try:
+                    data[name] = _whole_numbers(data[name])
+                except forms.ValidationError as exc:
+                    self.add_error(name, exc)
+        return data
+
+    def service_kwargs(self) -> dict:
+        data = self.cleaned_data
+        grid = {name: data[name] for name in self.GRID if data.get(name)}
+        if self.CACHE[data.get("response_cache") or ""]:
+            grid["response_cache"] = self.CACHE[data["response_cache"]]
+        return {"grid": grid, "concurrency": data["concurrency"], "seconds": data["seconds"],
+                "p99_budget_ms": data["p99_budget_ms"], "replica": data.get("replica") or "",
+                "confirm": data.get("confirm", False), "key": data.get("key") or ""}

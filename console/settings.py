@@ -12,6 +12,8 @@ from pathlib import Path
 
 import environ
 
+from serving.core.logs import line_format
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
 
@@ -71,6 +73,7 @@ ARTIFACT_ROOT = Path(env.str("ARTIFACT_ROOT", default=str(DATA_DIR / "artifacts"
 # ARTIFACT_ROOT keeping only the upload spool, job files and a verified cache of blobs. The
 # endpoint comes from AWS_ENDPOINT_URL (empty = AWS), credentials from boto3's usual chain
 # (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_DEFAULT_REGION, ~/.aws, an instance role).
+# s3:// needs the [s3] extra (boto3): without it a system check stops start-up, naming it.
 ARTIFACT_STORE = env.str("ARTIFACT_STORE", default="")
 AWS_ENDPOINT_URL = env.str("AWS_ENDPOINT_URL", default="")
 MAX_UPLOAD_BYTES = env.int("MMC_MAX_UPLOAD_BYTES", default=2 * 1024**3)
@@ -284,6 +287,8 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Operations grouped by resource (models, tokens, …) rather than all under "v1".
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
     # /api/docs/ works offline: Swagger UI comes from the drf-spectacular-sidecar package.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
@@ -397,12 +402,20 @@ JOB_CALLBACK_SECRET = env.str("MMC_CALLBACK_SECRET", default="")
 # (10.20.0.0/16, ::1/128), host names (hooks.internal) or domains (.corp.example).
 OUTBOUND_ALLOW = env.list("MMC_OUTBOUND_ALLOW", default=[])
 
+# MMC_LOG_FORMAT=json: one JSON object per line (python-json-logger) with the request's
+# request_id and, while tracing (OTEL_*), its trace_id; "text" (default): a line of text.
+LOG_FORMAT = line_format(env.ENVIRON)  # checked: its package named when it is missing
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "filters": {"expected_errors": {"()": "registry.logfilters.ExpectedErrorLogFilter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+                   **({"json": {"()": "serving.core.logs.JsonFormatter"}}
+                      if LOG_FORMAT == "json" else {})},
+    "filters": {"expected_errors": {"()": "registry.logfilters.ExpectedErrorLogFilter"},
+                "request_context": {"()": "serving.core.logs.RequestContext"}},
+    "handlers": {"console": {"class": "logging.StreamHandler",
+                             "formatter": "json" if LOG_FORMAT == "json" else "plain",
+                             "filters": ["request_context"]}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {"django.server": {"level": "WARNING"},
                 "django.request": {"filters": ["expected_errors"]}},

@@ -9,7 +9,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from console.views.health import healthz
+from console.views.health import healthz, healthz_metrics
 
 
 def swagger_csp(view):
@@ -25,6 +25,7 @@ def swagger_csp(view):
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
+    path("healthz/metrics", healthz_metrics, name="healthz-metrics"),
     # browsers ask for /favicon.ico whatever the page links: send them to our own icon
     path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
     path("api/v1/", include("registry.api.urls")),

@@ -6,8 +6,10 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from .views import (
+    applies,
     audit,
     batch,
+    config_search,
     deployment,
     health,
     jobs,
@@ -48,6 +50,14 @@ urlpatterns = [
     path(f"{M}/approval/", models.approval_setting, name="approval-setting"),
     path(f"{M}/versions/<int:number>/loadtest/", versions.version_loadtest,
          name="version-loadtest"),
+    path(f"{M}/versions/<int:number>/config-search/", config_search.config_search_start,
+         name="config-search-start"),
+    path(f"{M}/versions/<int:number>/config-search/<int:search_id>/",
+         config_search.config_search_panel, name="config-search-panel"),
+    path(f"{M}/versions/<int:number>/config-search/<int:search_id>/apply/",
+         config_search.config_search_apply, name="config-search-apply"),
+    path(f"{M}/versions/<int:number>/config-search/<int:search_id>/cancel/",
+         config_search.config_search_cancel, name="config-search-cancel"),
     path(f"{M}/versions/<int:number>/convert/", versions.version_convert_view,
          name="version-convert"),
     path(f"{M}/diff/", models.model_diff, name="model-diff"),
@@ -92,6 +102,7 @@ urlpatterns = [
     path("health/", health.health_partial, name="health"),
     path("audit/", audit.audit_list, name="audit-list"),
     path("audit/export.csv", audit.audit_csv, name="audit-csv"),
+    path("applies/", applies.apply_list, name="config-applies"),
 ]
 
 if settings.SSO_ENABLED:  # no single sign-on URLs unless an issuer is configured

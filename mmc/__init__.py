@@ -33,6 +33,7 @@ from mmc.resources import (
     Job,
     Me,
     Model,
+    Plan,
     ShadowReport,
     Token,
     User,
@@ -47,6 +48,6 @@ __all__ = [
     "PayloadTooLarge", "Unprocessable", "RateLimited", "ServerError", "ServiceUnavailable",
     "InsufficientStorage", "ConnectionFailed", "WaitTimeout",
     "Alias", "ApiKey", "AuditEvent", "Convergence", "Dataset", "Download", "Endpoint", "Export",
-    "Job", "Me", "Model", "ShadowReport", "Token", "User", "Version", "Webhook",
+    "Job", "Me", "Model", "Plan", "ShadowReport", "Token", "User", "Version", "Webhook",
     "WebhookDelivery",
 ]

@@ -4,13 +4,14 @@ built on). One class, its methods grouped by concept in the modules it is made o
 from __future__ import annotations
 
 from mmc.access import Access
+from mmc.as_code import AsCode
 from mmc.catalog import Catalog
 from mmc.integrations import Integrations
 from mmc.jobs import Jobs
 from mmc.rollouts import Rollouts
 
 
-class Client(Catalog, Rollouts, Jobs, Integrations, Access):
+class Client(Catalog, Rollouts, Jobs, Integrations, Access, AsCode):
     """A connection to one console's API with one token.
 
         with Client() as c:                     # MMC_URL/MMC_TOKEN, else `mmc login`'s

@@ -263,6 +263,27 @@ class WebhookDelivery(Resource):
     attempt_log: list[dict[str, Any]] = field(default_factory=list)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Plan(Resource):
+    """What an mmc.yaml changes: planned, or done when `applied`. Each change is a dict:
+    resource ("endpoint fraud"), action (create, update, delete), before, after, steps."""
+
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, int] = field(default_factory=dict)  # create, update, delete: counts
+    detail: str = ""  # the outcome in words
+    sha256: str = ""  # the file's
+    prune: bool = False
+    not_pruned: list[str] = field(default_factory=list)  # kept: prune was not asked for
+    applied: bool = False
+    source: str = ""
+    audit_event: int | None = None  # the apply's
+
+    @property
+    def changed(self) -> bool:
+        """Whether the file changes (or changed) anything."""
+        return bool(self.changes)
+
+
 @dataclass(frozen=True)
 class Download:
     """A file written whole: a job's result, a version's artifact."""

@@ -8,6 +8,7 @@ receiver delays neither."""
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -115,7 +116,9 @@ def _pool(lane: str) -> ThreadPoolExecutor:
 
 
 def _submit(declared: Task, kwargs: dict) -> None:
-    fut = _pool(declared.lane).submit(_run, declared, kwargs)
+    # in the context that queued it: its log lines keep the request id, its outbound calls the
+    # request's trace (serving.core.logs, console.telemetry)
+    fut = _pool(declared.lane).submit(contextvars.copy_context().run, _run, declared, kwargs)
     if declared.lane == "default":
         _pending.add(fut)
         fut.add_done_callback(_pending.discard)

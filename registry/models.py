@@ -1,6 +1,6 @@
 """Registry data: models, immutable versions, aliases, endpoints (desired routing), replicas'
-heartbeats (observed state), API tokens, the append-only audit log, and jobs (async inference,
-batch transforms) with their datasets."""
+heartbeats (observed state), API tokens, the append-only audit log, jobs (async inference,
+batch transforms) with their datasets, and serving-config searches."""
 
 from __future__ import annotations
 
@@ -487,6 +487,72 @@ class Job(models.Model):
     @property
     def finished(self) -> bool:
         return self.status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class ConfigSearch(models.Model):
+    """A bounded sweep over one version's serving settings (what Triton's Model Analyzer does
+    offline): each point of `grid`'s cross product is applied to the version in turn and
+    measured with the load generator; the settings from before are put back at the end
+    (registry.services.config_search)."""
+
+    version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE,
+                                related_name="config_searches")
+    status = models.CharField(max_length=12, choices=JobStatus.choices,
+                              default=JobStatus.QUEUED)
+    # The settings searched, each a short list of values: {"max_batch_size": [0, 8], ...}.
+    grid = models.JSONField(default=dict)
+    concurrency = models.PositiveIntegerField()
+    seconds = models.PositiveIntegerField()  # measured per point
+    p99_budget_ms = models.FloatField()
+    # Where it measures, decided when it was queued; the real traffic it was confirmed over.
+    replica = models.CharField(max_length=100)
+    url = models.CharField(max_length=300)
+    load_first = models.BooleanField(default=False)
+    key_required = models.BooleanField(default=False)
+    live_roles = models.JSONField(default=list, blank=True)
+    # The version's searchable settings before the search (put back after it), and the ones the
+    # search has applied now: null while the version carries its own settings.
+    original = models.JSONField(default=dict)
+    trial = models.JSONField(null=True, blank=True)
+    restore_note = models.CharField(max_length=300, blank=True, default="")
+    # Points measured so far, in grid order: {"settings", "rps", "p50_ms", "p95_ms", "p99_ms",
+    # "requests", "ok", "errors", "failure"}; the best under the budget; the one applied.
+    points_total = models.PositiveIntegerField()
+    points = models.JSONField(default=list, blank=True)
+    progress = models.JSONField(default=dict, blank=True)  # the point at work: phase, requests
+    best = models.PositiveIntegerField(null=True, blank=True)
+    applied_point = models.PositiveIntegerField(null=True, blank=True)
+    failure_reason = models.TextField(blank=True, default="")
+    worker = models.CharField(max_length=200, blank=True, default="")
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=["queued", "running", "succeeded", "failed", "cancelled"]),
+                name="config_search_status_valid"),
+            # two searches of one version would undo each other's trial settings
+            models.UniqueConstraint(fields=["version"],
+                                    condition=Q(status__in=["queued", "running"]),
+                                    name="one_active_config_search_per_version"),
+        ]
+
+    def __str__(self) -> str:
+        return f"config search {self.pk}"
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+    @property
+    def best_point(self) -> dict | None:
+        return self.points[self.best] if self.best is not None else None
 
 
 class WebhookSubscription(models.Model):

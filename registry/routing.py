@@ -280,6 +280,24 @@ class Routing(Generic[V]):
             out.append(("candidate", self.candidate, self.candidate_weight))
         return out
 
+    def roles(self) -> list[tuple[str, V, int]]:
+        """(role, version, percent of unpinned traffic), one per routed version: the split
+        first, then blue-green's idle slot and the shadow at 0 %. A version in two roles keeps
+        the first, so a (version, role) pair names a version once (what a monitoring join on
+        the version needs)."""
+        pairs = [*self.split()]
+        if self.idle is not None:
+            pairs.append((self.idle_color, self.idle, 0))
+        if self.shadow is not None:
+            pairs.append(("shadow", self.shadow, 0))
+        seen: set[V] = set()
+        out = []
+        for role, version, percent in pairs:
+            if version not in seen:
+                seen.add(version)
+                out.append((role, version, percent))
+        return out
+
     def serving_versions(self) -> set[V]:
         """Versions that answer unpinned traffic right now."""
         return {v for _, v, weight in self.split() if weight > 0}

@@ -18,6 +18,7 @@ from registry.models import (
     Alias,
     ApiToken,
     AuditEvent,
+    ConfigSearch,
     Endpoint,
     EndpointApiKey,
     Job,
@@ -301,6 +302,26 @@ def version_cache_counts(version: ModelVersion) -> CacheCounts:
     return CacheCounts(hits=hits, misses=misses, replicas=count)
 
 
+def replica_states() -> list[ReplicaHeartbeat]:
+    """Every replica, live or lost, without the versions it reports (large, and not needed to
+    say whether it is live and which revision it has applied)."""
+    return list(ReplicaHeartbeat.objects.defer("versions"))
+
+
+#: The version columns of an endpoint that `endpoint_routes` reads.
+_ROUTED = ("stable", "candidate", "blue", "green", "shadow")
+
+
+def endpoint_routes() -> list[Endpoint]:
+    """Every endpoint with its model's name and its routed versions' number and queue size, in
+    one query (no version's signature or report)."""
+    return list(Endpoint.objects.select_related("model", *_ROUTED).only(
+        "revision", "candidate_weight", "live_color", "warm_versions", "warm_until",
+        "rollout_state", "model__name",
+        *(f"{slot}__{field}" for slot in _ROUTED for field in ("number", "max_queue_size")),
+    ).order_by("model__name"))
+
+
 def lost_replicas() -> list[ReplicaHeartbeat]:
     return list(ReplicaHeartbeat.objects.filter(last_seen__lt=_lost_cutoff()))
 
@@ -332,6 +353,12 @@ def loadtest_runs(version: ModelVersion, *, limit: int = 10) -> list[Job]:
     """The version's latest load tests, newest first (any status: a failed one says why)."""
     return list(Job.objects.select_related("created_by").filter(
         version=version, kind="loadtest").order_by("-created_at")[:limit])
+
+
+def config_search_list(version: ModelVersion) -> QuerySet[ConfigSearch]:
+    """The version's serving-config searches, newest first."""
+    return (ConfigSearch.objects.select_related("version__model", "created_by")
+            .filter(version=version).order_by("-created_at", "-id"))
 
 
 def loadtest_latest_per_version(model: RegisteredModel, *, exclude: ModelVersion | None = None

@@ -249,12 +249,17 @@ class RegistrySource:
             endpoint_deploy(model_name=model, version_number=None, actor=actor,
                             reason="repository unload request")
 
-    def _authorise(self, authorization: str | None) -> Actor:
+    def authorize_operator(self, authorization: str | None, what: str) -> None:
+        """Log and trace settings: an engineer's API token that may write, as load/unload."""
+        self._authorise(authorization, what)
+
+    def _authorise(self, authorization: str | None,
+                   what: str = "repository load/unload") -> Actor:
         """A registry API token with the engineer role, as for the REST API."""
         close_old_connections()
         parts = (authorization or "").split()
         if len(parts) != 2 or parts[0].lower() != "bearer":
-            raise Unauthorized("repository load/unload needs 'Authorization: Bearer <API token>'")
+            raise Unauthorized(f"{what} needs 'Authorization: Bearer <API token>'")
         try:
             user, token = ApiTokenAuthentication().authenticate_credentials(parts[1].encode())
         except AuthenticationFailed:
@@ -262,7 +267,7 @@ class RegistrySource:
         if token.read_only:
             raise Forbidden(READ_ONLY_REFUSAL)
         if not has_role(user, "engineer"):
-            raise Forbidden("repository load/unload needs the engineer role")
+            raise Forbidden(f"{what} needs the engineer role")
         return Actor(user=user, name=user.get_username(), request_id="",
                      client_address=f"serving:{os.getpid()}")
 

@@ -13,7 +13,7 @@ from registry.background import task
 from registry.integrations import tensorrt, webhooks
 from registry.jobs import housekeeping, runner
 from registry.metrics_retention import compact
-from registry.services import analysis, analysis_watch
+from registry.services import analysis, analysis_watch, config_sweep
 from registry.store.gc import collect_garbage
 from registry.validation import (
     backfill_weights_hashes,
@@ -30,6 +30,12 @@ def validate_version_task(version_id: int) -> str:
 @task("registry.run_job", lane="jobs", acks_late=True, reject_on_worker_lost=True)
 def run_job_task(job_id: str, key: str | None = None) -> str:
     return runner.run_job(job_id, key=key)
+
+
+@task("registry.run_config_search", lane="jobs", acks_late=True, reject_on_worker_lost=True)
+def run_config_search_task(search_id: int, key: str | None = None) -> str:
+    """On the jobs lane, as load tests: embedded, one measurement at a time."""
+    return config_sweep.config_search_run(search_id, key=key)
 
 
 @task("registry.build_tensorrt_engine", acks_late=True)
@@ -57,16 +63,19 @@ def analysis_watch_task() -> int:
 
 @task("registry.jobs_tick", ignore_result=True)
 def jobs_tick_task() -> dict:
-    """Periodic: expire job results and datasets (and re-queue jobs whose worker died)."""
-    return housekeeping.tick()
+    """Periodic: expire job results and datasets (and re-queue jobs whose worker died, and
+    config searches whose message was lost)."""
+    return {**housekeeping.tick(),
+            "config_searches": config_sweep.recover_config_searches(queued=True)}
 
 
 @task("registry.recovery_tick", ignore_result=True)
 def recovery_tick_task() -> dict:
     """Periodic: queue again the validations and jobs whose worker's lease lapsed (killed), or
-    whose message never reached the broker."""
+    whose message never reached the broker; put back the settings a killed config search left."""
     return {"validations": recover_validations(),
-            "jobs": housekeeping.recover_jobs(queued=False)}
+            "jobs": housekeeping.recover_jobs(queued=False),
+            "config_searches": config_sweep.recover_config_searches()}
 
 
 @task("registry.gc_artifacts", ignore_result=True)

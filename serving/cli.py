@@ -15,6 +15,8 @@ import os
 import socket
 import sys
 
+from serving.core.extras import MissingExtra, require
+from serving.edge_limits import EdgeLimits
 from serving.process import supervisor
 from serving.process.replica_address import advertised_url
 
@@ -72,11 +74,39 @@ def add_grpc_arguments(parser) -> None:
 
 def use_grpc_arguments(args) -> None:
     """Hand the gRPC flags to ServingSettings.from_env (the app is built from the environment,
-    also in uvicorn's worker processes)."""
+    also in uvicorn's worker processes). MissingExtra when gRPC is on without the [grpc] extra."""
     if args.grpc_port is not None:
         os.environ["MMC_GRPC_PORT"] = str(args.grpc_port)
-    if args.grpc_host or os.environ.get("MMC_GRPC_PORT"):
+    port = os.environ.get("MMC_GRPC_PORT")
+    if args.grpc_host or port:
         os.environ["MMC_GRPC_HOST"] = args.grpc_host or args.host
+    if port:
+        said = f"--grpc-port {port}" if args.grpc_port is not None else f"MMC_GRPC_PORT={port}"
+        require("grpc", feature=f"gRPC is on ({said})")
+
+
+def _one_worker_for_shared_memory(asked: str, workers: int) -> int:
+    """Shared-memory regions are registered with one process, so a server that offers them
+    (MMC_SHM=on) runs one worker: `auto` gives one, a larger number is refused."""
+    if workers == 1 or not EdgeLimits.from_env().shared_memory:
+        return workers
+    if asked.strip().lower() == "auto":
+        return 1
+    raise ValueError(f"--workers {asked}: with MMC_SHM=on the server runs one worker (a "
+                     "shared-memory region is registered with one process, and the others "
+                     "would not know it); use --workers 1 or turn MMC_SHM off")
+
+
+def use_observability(env, log_level: str) -> None:
+    """The process's logging (MMC_LOG_FORMAT: text or json, at `log_level`) and a check of
+    tracing's packages when OTEL_* turns it on (MissingExtra without them, ValueError for a
+    value not offered), before anything serves."""
+    from serving.core import logs, tracing
+
+    exporter = tracing.exporter_from_env(env)
+    if exporter is not None:
+        tracing.require_packages(exporter)
+    logs.configure(line=logs.line_format(env), level=log_level)
 
 
 def app_from_env():
@@ -121,10 +151,17 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--model-repository {args.model_repository}: not a directory")
     try:
         workers = supervisor.resolve_workers(args.workers)
+        workers = _one_worker_for_shared_memory(args.workers, workers)
     except ValueError as exc:
         parser.error(str(exc))
     os.environ[_ENV_REPLICA] = args.replica or socket.gethostname()
-    use_grpc_arguments(args)
+    try:
+        use_grpc_arguments(args)
+        use_observability(os.environ, args.log_level)
+    except MissingExtra as exc:
+        parser.exit(2, f"{parser.prog}: {exc}\n")
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.registry:
         if args.registry != "1" and not args.registry.startswith(("http://", "https://")):
             parser.error(f"--registry {args.registry}: give the control plane's http(s) URL")
@@ -144,8 +181,10 @@ def main(argv: list[str] | None = None) -> None:
     else:
         os.environ[_ENV_REPO] = os.path.abspath(args.model_repository)
     # httptools plus header timeout, header size and connection caps (serving.http.protocol)
+    # uvicorn's loggers write through the process's handler (use_observability), at the
+    # levels the logging extension sets: uvicorn configures none of its own
     options = dict(host=args.host, port=args.port, loop="uvloop", http=_PROTOCOL,
-                   lifespan="on", access_log=False, log_level=args.log_level,
+                   lifespan="on", access_log=False, log_config=None, log_level=None,
                    timeout_graceful_shutdown=5)
     if workers > 1:
         # Each worker: this same command as one process on the supervisor's socket.

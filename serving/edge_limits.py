@@ -63,6 +63,12 @@ class EdgeLimits:
     #: than that are strikes, and a few strikes end the connection (GOAWAY too_many_pings)
     min_ping_interval_s: float = 10.0
     max_ping_strikes: int = 2
+    #: System shared memory (serving.core.shared_memory): whether clients may register regions
+    #: at all (off: a client that reaches the port could otherwise have the server map any
+    #: object of its user under /dev/shm), and how many regions and bytes the process maps
+    shared_memory: bool = False
+    shared_memory_max_regions: int = 64
+    shared_memory_max_bytes: int = 1 << 30
 
     @classmethod
     def from_env(cls, env=None) -> EdgeLimits:
@@ -90,6 +96,10 @@ class EdgeLimits:
                                        cls.max_concurrent_streams),
             min_ping_interval_s=get("MMC_MIN_PING_INTERVAL_S", float, cls.min_ping_interval_s),
             max_ping_strikes=get("MMC_MAX_PING_STRIKES", int, cls.max_ping_strikes),
+            shared_memory=get("MMC_SHM", _switch, cls.shared_memory),
+            shared_memory_max_regions=get("MMC_SHM_MAX_REGIONS", int,
+                                          cls.shared_memory_max_regions),
+            shared_memory_max_bytes=get("MMC_SHM_MAX_BYTES", int, cls.shared_memory_max_bytes),
         )
 
     def connection_budget(self) -> int:
@@ -106,6 +116,16 @@ class EdgeLimits:
             return budget, 0
         grpc_cap = max(1, int(budget * self.grpc_connection_share))
         return max(1, budget - grpc_cap), grpc_cap
+
+
+def _switch(value: str) -> bool:
+    """An on/off setting as the console reads its own: on/true/yes/1, off/false/no/0."""
+    word = value.strip().lower()
+    if word in ("on", "true", "yes", "1"):
+        return True
+    if word in ("off", "false", "no", "0"):
+        return False
+    raise ValueError(f"MMC_SHM={value!r}: on or off")
 
 
 def raise_open_files_limit() -> int:

@@ -438,6 +438,28 @@ def test_webhooks_are_managed_and_tested(admin):
         receiver.close()
 
 
+# -- deployments as code -----------------------------------------------------------------------
+
+
+def test_a_file_is_planned_applied_and_exported(admin):
+    ready(admin, "spec-code", samples.mlp(n_in=4, hidden=(8,), n_out=2, seed=1))
+    file = "models:\n  spec-code:\n    endpoint: {stable: 1}\n"
+    plan = admin.plan(file)
+    assert plan.changed and not plan.applied
+    assert [c["resource"] for c in plan.changes] == ["endpoint spec-code"]
+    done = admin.apply(file, source="abc123")
+    assert done.applied and done.source == "abc123" and done.audit_event
+    assert admin.get_endpoint("spec-code").stable == 1
+    assert not admin.apply(file).changed  # a second apply changes nothing
+    exported = admin.export_state()
+    assert "spec-code:" in exported and not admin.plan(exported).changed
+    assert admin.config_schema()["title"].startswith("mmc.yaml")
+    with pytest.raises(mmc.BadRequest) as refused:
+        admin.plan("models:\n  spec-code:\n    endpoint: {stable: 9}\n")
+    assert refused.value.message == ("models.spec-code.endpoint.stable: model 'spec-code' has "
+                                     "no version 9")
+
+
 # -- access ---------------------------------------------------------------------------------
 
 

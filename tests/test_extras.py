@@ -26,8 +26,8 @@ EXTRA_MODULES = ("grpc", "tritonclient", "grpc_health", "grpc_reflection", "hpac
 LOCKS = {"dev": REPO / "requirements" / "lock.txt",
          "runtime": REPO / "requirements" / "runtime-lock.txt"}
 #: what each lock is compiled from (Makefile `lock`); tensorrt is a GPU host's own install
-LOCKED_EXTRAS = {"dev": ("grpc", "s3", "fast-json", "dev"),
-                 "runtime": ("grpc", "s3", "fast-json")}
+LOCKED_EXTRAS = {"dev": ("grpc", "s3", "fast-json", "tracing", "json-logs", "dev"),
+                 "runtime": ("grpc", "s3", "fast-json", "tracing", "json-logs")}
 
 SITECUSTOMIZE = f'''"""As if only the base install were there: the extras' modules do not import."""
 import sys

@@ -1,5 +1,6 @@
-"""The health bar as a partial (every page polls it, so a degraded part shows without a reload)
-and `/healthz`, the same checks as JSON for load balancers and probes."""
+"""The health bar as a partial (every page polls it, so a degraded part shows without a reload),
+`/healthz`, the same checks as JSON for load balancers and probes, and `/healthz/metrics`, the
+replicas' and endpoints' states as Prometheus metrics for the alert rules."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from django.views.decorators.http import require_GET
 
 from registry.api.errors import DATABASE_RETRY_AFTER
 
-from .. import health
+from .. import health, prometheus
 from ..templatetags.console import health_bar
 from .access import requires
 
@@ -43,3 +44,12 @@ def healthz(request: HttpRequest) -> JsonResponse:
     if not database.ok:
         response["Retry-After"] = str(DATABASE_RETRY_AFTER)
     return response
+
+
+@never_cache
+@require_GET
+def healthz_metrics(request: HttpRequest) -> HttpResponse:
+    """No sign-in, as `/healthz` and a replica's /metrics: replica and model names, revisions
+    and traffic shares, nothing else. A database that does not answer fails the scrape (503)."""
+    body, content_type = prometheus.render()
+    return HttpResponse(body, content_type=content_type)

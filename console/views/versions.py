@@ -1,4 +1,5 @@
-"""The version page: signature, validation report, lineage, serving settings, try-it."""
+"""The version page: signature, validation report, lineage, serving settings, load tests, the
+serving-config search (its card's own views: views.config_search), try-it."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from ..forms import ApprovalForm, LoadTestForm, ReasonForm, error_text
 from ..pipeline_drawing import draw
 from ..serving_form import LABELS, ServingForm
 from .access import requires, run_service
+from .config_search import search_context
 from .models import found
 
 
@@ -80,6 +82,7 @@ def render_version(request: HttpRequest, name: str, number: int, *,
                                                    outputs),
         "pipeline": draw(version.pipeline, signature) if version.pipeline else None,
         "deletion_refusal": deletion_refusal(version.model, number),
+        **search_context(request, version),
     }
     return render(request, "console/version_detail.html", context, status=status)
 

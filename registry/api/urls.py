@@ -1,6 +1,16 @@
 from django.urls import path
 
-from registry.api import access, integrations, jobs, pipelines, rollouts, tokens, views
+from registry.api import (
+    access,
+    as_code,
+    config_search,
+    integrations,
+    jobs,
+    pipelines,
+    rollouts,
+    tokens,
+    views,
+)
 
 app_name = "api"
 MODEL = "models/<str:name>"  # every per-model route starts here
@@ -27,6 +37,14 @@ urlpatterns = [
          name="version-convert"),
     path(f"{MODEL}/versions/<int:number>/loadtest/", jobs.LoadTestView.as_view(),
          name="version-loadtest"),
+    path(f"{MODEL}/versions/<int:number>/config-search/",
+         config_search.ConfigSearchListView.as_view(), name="config-search-list"),
+    path(f"{MODEL}/versions/<int:number>/config-search/<int:search_id>/",
+         config_search.ConfigSearchDetailView.as_view(), name="config-search-detail"),
+    path(f"{MODEL}/versions/<int:number>/config-search/<int:search_id>/apply/",
+         config_search.ConfigSearchApplyView.as_view(), name="config-search-apply"),
+    path(f"{MODEL}/versions/<int:number>/config-search/<int:search_id>/cancel/",
+         config_search.ConfigSearchCancelView.as_view(), name="config-search-cancel"),
     path(f"{MODEL}/versions/<int:number>/artifact/", views.VersionArtifactView.as_view(),
          name="version-artifact"),
     path(f"{MODEL}/aliases/", views.AliasListView.as_view(), name="alias-list"),
@@ -89,4 +107,9 @@ urlpatterns = [
     path("webhooks/<int:pk>/test/", integrations.WebhookTestView.as_view(), name="webhook-test"),
     path("webhooks/<int:pk>/deliveries/", integrations.WebhookDeliveryListView.as_view(),
          name="webhook-deliveries"),
+    # Deployments as code: mmc.yaml planned, applied, exported; its JSON Schema.
+    path("plan/", as_code.PlanView.as_view(), name="config-plan"),
+    path("apply/", as_code.ApplyView.as_view(), name="config-apply"),
+    path("export/", as_code.ExportView.as_view(), name="config-export"),
+    path("mmc.schema.json", as_code.SchemaView.as_view(), name="config-schema"),
 ]

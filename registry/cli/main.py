@@ -22,9 +22,13 @@ r"""`mmc`: the registry from CI pipelines, over the REST API with a token.
     mmc async-infer fraud request.json --wait 60 --out response.json
     mmc batch run fraud rows.npy --wait 600 --out scores.npy   # also: batch upload, job ID
     mmc pipeline create scorer --spec pipeline.json --create-model   # steps + edges
+    mmc export-state -o mmc.yaml               # deployments as code: today's state as a file
+    mmc plan -f mmc.yaml                       # what applying it would change
+    mmc apply -f mmc.yaml --source "$(git rev-parse HEAD)"   # --prune: remove leftovers
 
 Exit status: 0 done; 1 the server refused (its message on stderr) or could not be reached;
 2 the command line was wrong; 141 the output was closed before it was all written (`| head`).
+`mmc plan` also exits 2 when the file would change something (0: it would change nothing).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from pathlib import Path
 
 from mmc import Client, MmcError, Version, config
 from registry.cli.account import account_parsers
+from registry.cli.as_code import as_code_parsers
 from registry.cli.jobs import job_parsers
 from registry.cli.output import CliError, print_json
 from registry.cli.pipelines import pipeline_parsers
@@ -374,6 +379,7 @@ def parser() -> argparse.ArgumentParser:
     _integration_parsers(sub)
     job_parsers(sub)
     pipeline_parsers(sub)
+    as_code_parsers(sub)
     return p
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import httpx
 
 from registry.integrations import addresses
+from serving.core.tracing import client_span
 
 SIGNATURE_HEADER = "X-MMC-Signature"
 
@@ -62,7 +63,10 @@ def post_signed(url: str, body: bytes, headers: dict, *, secret: str = "",
     except addresses.Unresolved:
         error = "no answer (connection failed)"
     else:
-        code, error = _post(dest, body, headers, timeout)
+        headers = dict(headers)  # with the trace's traceparent while the console traces
+        with client_span("POST", headers, {"http.request.method": "POST",
+                                           "server.address": dest.host_header}):
+            code, error = _post(dest, body, headers, timeout)
     return Outcome(code, error, round((time.perf_counter() - started) * 1000, 2), refused)
 
 

@@ -4,7 +4,8 @@ from the signature (the same request every time, so two versions compare on equa
 
 The requests run on one asyncio loop in a thread of their own (C coroutines sharing an
 httpx.AsyncClient); the job's thread stays synchronous Django and writes progress (requests
-done, req/s so far) through the lease every half second."""
+done, req/s so far) through the lease every half second. `measure` is that generator alone, which
+a serving-config search (registry.services.config_search) runs once per point."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ import math
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import httpx
 import numpy as np
 import orjson
 from django.conf import settings
 
-from registry.jobs.lease import JobFailed, Lease, LeaseLost
+from registry.jobs.lease import JobFailed, Lease
 from registry.models import Job, ReplicaHeartbeat
 from serving.core.desired_state import SCALED_TO_ZERO
 from serving.core.tensor_signature import example_data, example_shape
@@ -119,6 +121,41 @@ def wait_loaded(version, replica: str, lease: Lease) -> None:
         time.sleep(PROGRESS_EVERY)
 
 
+def measure(url: str, body: bytes, headers: dict, *, concurrency: int, seconds: float,
+            requests: int | None = None,
+            on_progress: Callable[[int, float], None] | None = None) -> dict:
+    """Send `requests` (or as many as fit in `seconds`) at `concurrency` and summarize them. The
+    requests run on a loop thread of their own; this thread calls on_progress(done, elapsed)
+    every half second, and what it raises stops the requests and is raised here."""
+    recorder, stop, failure = Recorder(), threading.Event(), []
+    start = time.monotonic()
+    deadline = start + seconds
+
+    def drive() -> None:
+        try:
+            asyncio.run(_drive(url, body, headers, requests=requests, deadline=deadline,
+                               concurrency=concurrency, stop=stop, recorder=recorder))
+        except Exception as exc:  # reported as the job's failure by the job thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=drive, name="mmc-loadtest", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(PROGRESS_EVERY)
+            if on_progress is not None:
+                on_progress(recorder.done, time.monotonic() - start)
+    except BaseException:
+        stop.set()
+        thread.join()
+        raise
+    if failure:
+        raise JobFailed(f"the load generator failed: {failure[0]!r}")
+    elapsed = time.monotonic() - start
+    stopped = ("time limit" if requests is not None and recorder.done < requests else "")
+    return summarize(recorder, elapsed, stopped=stopped)
+
+
 def run_loadtest(job: Job, lease: Lease, *, key: str | None = None) -> dict:
     version, params = job.version, job.params
     if not version.signature:
@@ -133,40 +170,17 @@ def run_loadtest(job: Job, lease: Lease, *, key: str | None = None) -> dict:
     if params.get("load_first"):
         wait_loaded(version, params["replica"], lease)
     requests, seconds = params.get("requests"), params.get("seconds")
-    limit = float(seconds or settings.LOADTEST_MAX_SECONDS)
-    recorder, stop, failure = Recorder(), threading.Event(), []
-    start = time.monotonic()
-    deadline = start + limit
 
-    def drive() -> None:
-        try:
-            asyncio.run(_drive(url, request_body(version.signature), headers,
-                               requests=requests, deadline=deadline,
-                               concurrency=params["concurrency"], stop=stop,
-                               recorder=recorder))
-        except Exception as exc:  # reported as the job's failure by the job thread
-            failure.append(exc)
+    def progress(done: int, elapsed: float) -> None:
+        lease.update(rows_done=done, rows_per_second=done / elapsed if elapsed > 0 else None)
 
-    thread = threading.Thread(target=drive, name=f"mmc-loadtest-{job.pk}", daemon=True)
-    thread.start()
-    try:
-        while thread.is_alive():
-            thread.join(PROGRESS_EVERY)
-            elapsed = time.monotonic() - start
-            lease.update(rows_done=recorder.done,
-                         rows_per_second=recorder.done / elapsed if elapsed > 0 else None)
-    except LeaseLost:
-        stop.set()
-        thread.join()
-        raise
-    if failure:
-        raise JobFailed(f"the load generator failed: {failure[0]!r}")
-    elapsed = time.monotonic() - start
-    stopped = ("time limit" if requests is not None and recorder.done < requests else "")
-    summary = summarize(recorder, elapsed, stopped=stopped)
+    summary = measure(url, request_body(version.signature), headers,
+                      concurrency=params["concurrency"], requests=requests,
+                      seconds=float(seconds or settings.LOADTEST_MAX_SECONDS),
+                      on_progress=progress)
     if summary["requests"] and not summary["ok"]:
         first = next(iter(summary["errors"]))
         raise JobFailed(f"every request failed ({first}: {summary['errors'][first]} of "
                         f"{summary['requests']}) against {url}")
-    return {"summary": summary, "rows_done": recorder.done,
+    return {"summary": summary, "rows_done": summary["requests"],
             "rows_per_second": summary["rps"]}

@@ -23,6 +23,7 @@ from registry.errors import LifecycleError, NotFound
 from registry.models import (
     Alias,
     AuditEvent,
+    ConfigSearch,
     Endpoint,
     Job,
     MetricSample,
@@ -93,6 +94,10 @@ def version_holds(model: RegisteredModel) -> dict[int, list[Hold]]:
         found.append((job.version.number, Hold(
             f"has a {job.get_kind_display().lower()} job {job.status} ({job.pk}); wait for it "
             f"or cancel it")))
+    for search in ConfigSearch.objects.filter(version__model=model, status__in=ACTIVE
+                                              ).select_related("version"):
+        found.append((search.version.number, Hold(
+            f"has a config search {search.status} ({search.pk}); wait for it or cancel it")))
     found += [(v.number, Hold("is still being validated")) for v in versions
               if v.status in VALIDATING]
     holds: dict[int, list[Hold]] = defaultdict(list)

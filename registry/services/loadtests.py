@@ -12,7 +12,15 @@ from registry import selectors
 from registry.audit import Actor, record
 from registry.errors import InvalidRequest, LifecycleError, NotFound
 from registry.jobs.housekeeping import enqueue_job
-from registry.models import Endpoint, Job, JobKind, JobStatus, ModelVersion, ReplicaHeartbeat
+from registry.models import (
+    ConfigSearch,
+    Endpoint,
+    Job,
+    JobKind,
+    JobStatus,
+    ModelVersion,
+    ReplicaHeartbeat,
+)
 from registry.notify import bump_revision
 from serving.core.desired_state import SCALED_TO_ZERO
 from serving.process.replica_address import replica_url
@@ -73,12 +81,15 @@ def target_replica(version: ModelVersion, name: str = "") -> tuple[ReplicaHeartb
 
 
 def versions_under_test() -> dict[int, set[int]]:
-    """Model id -> ids of versions a queued or running load test has replicas load (pinned
-    only, no traffic) though no slot references them; serving_source adds them as warm."""
+    """Model id -> ids of versions a queued or running load test (or serving-config search) has
+    replicas load (pinned only, no traffic) though no slot references them; serving_source adds
+    them as warm."""
     under: dict[int, set[int]] = {}
-    rows = (Job.objects.filter(kind=JobKind.LOADTEST, status__in=ACTIVE,
-                               params__load_first=True)
-            .values_list("version__model_id", "version_id"))
+    rows = [*(Job.objects.filter(kind=JobKind.LOADTEST, status__in=ACTIVE,
+                                 params__load_first=True)
+              .values_list("version__model_id", "version_id")),
+            *(ConfigSearch.objects.filter(status__in=ACTIVE, load_first=True)
+              .values_list("version__model_id", "version_id"))]
     for model_id, version_id in rows:
         under.setdefault(model_id, set()).add(version_id)
     return under
@@ -113,6 +124,10 @@ def loadtest_create(*, model_name: str, number: int, actor: Actor, concurrency: 
             f"v{number} takes real traffic ({', '.join(roles)} of {model_name}): a load test "
             f"would slow its users down; send confirm=true to run it anyway", field="confirm",
             details={"rule": "live-traffic", "roles": roles})
+    search = ConfigSearch.objects.filter(version=version, status__in=ACTIVE).first()
+    if search is not None:
+        raise LifecycleError(f"config search {search.pk} of v{number} is {search.status}: the "
+                             f"two would measure each other; wait for it", field="version")
     access = selectors.endpoint_access(selectors.endpoint_get(model))
     if access.protected and not key:
         raise InvalidRequest(f"{model_name}'s endpoint requires a predict key: pass one as "

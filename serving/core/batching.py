@@ -39,15 +39,23 @@ INLINE_ABOVE_NS = 400_000
 class _Request:
     """One caller's inputs and the future its answer goes to."""
 
-    __slots__ = ("inputs", "future", "rows", "key", "enqueued_ns")
+    __slots__ = ("inputs", "future", "rows", "key", "enqueued_ns", "trace")
 
     def __init__(self, inputs: Tensors, future: asyncio.Future, rows: int, key: tuple | None,
-                 enqueued_ns: int) -> None:
+                 enqueued_ns: int, trace) -> None:
         self.inputs = inputs
         self.future = future
         self.rows = rows
         self.key = key
         self.enqueued_ns = enqueued_ns
+        self.trace = trace  # its serving.core.tracing.RequestTrace, when it is traced
+
+
+class _NotTracing:
+    active = False
+
+
+_NOT_TRACING = _NotTracing()
 
 
 class DynamicBatcher:
@@ -66,8 +74,12 @@ class DynamicBatcher:
         config: BatchingConfig,
         stats: VersionStats,
         executor: Executor | None = None,
+        tracing=None,
     ) -> None:
         self._run = run
+        # serving.core.tracing.Tracing: while it is active, a batch's traced requests get its
+        # queue and compute spans (one attribute read per batch otherwise)
+        self._tracing = tracing if tracing is not None else _NOT_TRACING
         self.config = config
         self.stats = stats
         self._max_rows = max(0, config.max_batch_size)
@@ -106,8 +118,9 @@ class DynamicBatcher:
         """Model executions running right now."""
         return self._in_flight
 
-    async def infer(self, inputs: Tensors) -> Tensors:
-        """Queue one request and wait for its own rows of the batch it ran in.
+    async def infer(self, inputs: Tensors, trace=None) -> Tensors:
+        """Queue one request and wait for its own rows of the batch it ran in (`trace`: its
+        RequestTrace, when it is traced).
 
         Raises QueueFull when max_queue_size requests already wait, ModelNotReady after close().
         """
@@ -127,7 +140,7 @@ class DynamicBatcher:
             rows, key = batch_key(inputs)
         else:
             rows, key = 1, None
-        self._queue.append(_Request(inputs, future, rows, key, perf_counter_ns()))
+        self._queue.append(_Request(inputs, future, rows, key, perf_counter_ns(), trace))
         stats.pending += 1
         if self._in_flight < self._instances and not self._dispatch_scheduled:
             # call_soon rather than dispatching here: requests arriving in the same loop
@@ -162,7 +175,7 @@ class DynamicBatcher:
                     self._submit(loop, batch)
             except RuntimeError as exc:  # executor shut down under us
                 self._in_flight -= 1
-                self._finish(batch, None, exc, (0, 0, 0))
+                self._finish(batch, None, exc, (0, 0, 0), start)
         self._wake_drainers()
 
     def _take(self, loop: asyncio.AbstractEventLoop) -> list[_Request] | None:
@@ -198,10 +211,14 @@ class DynamicBatcher:
         self._dispatch()
 
     def _finish(self, batch: list[_Request], parts: list[Tensors] | None,
-                error: BaseException | None, times: tuple[int, int, int]) -> None:
-        """On the loop: resolve the batch's futures, account for it, start the next batch."""
+                error: BaseException | None, times: tuple[int, int, int],
+                started: int) -> None:
+        """On the loop: resolve the batch's futures, account for it, start the next batch.
+        `started`: perf_counter_ns() when the batch began to run."""
         now = perf_counter_ns()
         stats = self.stats
+        if self._tracing.active:
+            self._trace(batch, times, started, error)
         if error is None:
             rows = 0
             for r, part in zip(batch, parts, strict=True):  # type: ignore[arg-type]
@@ -221,10 +238,20 @@ class DynamicBatcher:
                 0.875 * self._run_ns + 0.125 * run_ns
             self._inline = avg < (INLINE_ABOVE_NS if self._inline else INLINE_BELOW_NS)
 
+    def _trace(self, batch: list[_Request], times: tuple[int, int, int], started: int,
+               error: BaseException | None) -> None:
+        """The queue and compute spans of the batch's traced requests."""
+        traced = [r for r in batch if r.trace is not None]
+        if traced:
+            rows = sum(r.rows for r in batch)
+            for r in traced:
+                r.trace.batch(r.enqueued_ns, started, times, len(batch), rows, error)
+
     def _complete(self, batch: list[_Request], parts: list[Tensors] | None,
-                  error: BaseException | None, times: tuple[int, int, int]) -> None:
+                  error: BaseException | None, times: tuple[int, int, int],
+                  started: int) -> None:
         self._in_flight -= 1
-        self._finish(batch, parts, error, times)
+        self._finish(batch, parts, error, times, started)
         if self._queue and not self._closed:
             self._dispatch()
         else:
@@ -268,8 +295,9 @@ class DynamicBatcher:
             pass
 
     def _run_batch(self, batch: list[_Request]) -> tuple[
-            list[Tensors] | None, BaseException | None, tuple[int, int, int]]:
-        """Merge, run, split: each caller's outputs or the error, and the three times."""
+            list[Tensors] | None, BaseException | None, tuple[int, int, int], int]:
+        """Merge, run, split: each caller's outputs or the error, the three times, and when
+        it began."""
         t0 = perf_counter_ns()
         parts: list[Tensors] | None = None
         error: BaseException | None = None
@@ -284,7 +312,7 @@ class DynamicBatcher:
             error = exc
             parts = None
         t3 = perf_counter_ns()
-        return parts, error, (t1 - t0, t2 - t1, t3 - t2)
+        return parts, error, (t1 - t0, t2 - t1, t3 - t2), t0
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -41,13 +41,16 @@ from serving.core.errors import (
     ServingError,
     Unauthorized,
 )
+from serving.core.operator_settings import OperatorSettings
 from serving.core.pipeline_graph import PipelineGraph
 from serving.core.rate_limits import Admission, RateLimited
 from serving.core.response_cache import DEFAULT_RESPONSE_CACHE_BYTES, ResponseCache, request_key
 from serving.core.runtime import OnnxRuntime
+from serving.core.shared_memory import SharedMemoryRegistry, shared_memory_off, write_outputs
 from serving.core.stats import VersionStats
 from serving.core.tensor_signature import validate_inputs, validate_outputs
 from serving.core.tensors import InferRequest, datatype_of
+from serving.core.tracing import RequestTrace, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +58,7 @@ SERVER_NAME = "mmc"
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = [
     "binary_tensor_data", "classification", "statistics", "model_repository",
-    "model_configuration", "sagemaker", "schedule_policy",
+    "model_configuration", "sagemaker", "schedule_policy", "trace", "logging",
 ]
 _TRITON_TYPES = {"BYTES": "STRING"}
 _LOADS = itertools.count(1)  # tells two loads of the same version apart in cache keys
@@ -164,8 +167,17 @@ class DataPlane:
     def __init__(self, *, replica: str,
                  max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
                  admission: Admission | None = None,
-                 response_cache_bytes: int = DEFAULT_RESPONSE_CACHE_BYTES) -> None:
+                 response_cache_bytes: int = DEFAULT_RESPONSE_CACHE_BYTES,
+                 shared_memory: SharedMemoryRegistry | None = None,
+                 tracing: Tracing | None = None) -> None:
         self.replica = replica
+        # which inferences are traced (off unless OTEL_* gives an exporter); the fronts read
+        # its `active` once per inference, the batchers once per batch
+        self.tracing = tracing if tracing is not None else Tracing()
+        # the logging and trace extensions' settings, as both fronts change them
+        self.operator = OperatorSettings(self)
+        # system shared-memory regions (serving.core.shared_memory); None: not offered here
+        self.shared_memory = shared_memory
         # rate limits and daily quotas, and the per-key request counts (serving.core.rate_limits)
         self.admission = admission or Admission()
         self.max_output_bytes = max_output_bytes  # for versions that set no budget of their own
@@ -205,7 +217,15 @@ class DataPlane:
         return ok, body
 
     def server_metadata(self) -> dict:
-        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+        extensions = EXTENSIONS if self.shared_memory is None else [
+            *EXTENSIONS, "system_shared_memory"]
+        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": extensions}
+
+    def shared_memory_regions(self) -> SharedMemoryRegistry:
+        """The registry the shared-memory calls act on; NotSupported where it is off."""
+        if self.shared_memory is None:
+            raise shared_memory_off()
+        return self.shared_memory
 
     # -- lookup ------------------------------------------------------------------------------
 
@@ -309,10 +329,11 @@ class DataPlane:
     async def predict(
         self, model: str, version: str | None, request: InferRequest, *,
         routing_key: str | None = None, api_key: str | None = None,
+        trace: RequestTrace | None = None,
     ) -> tuple[dict[str, np.ndarray], LoadedVersion]:
         """Pick (or pin), validate, queue: the model's outputs (tensors, never bytes) and who
         answered. Each transport encodes them its own way (serving.http.codec,
-        serving.grpc.codec)."""
+        serving.grpc.codec). `trace`: the inference's trace, when the front began one."""
         table = self.table
         route = table.routes.get(model)
         if route is None:
@@ -335,7 +356,7 @@ class DataPlane:
         activity[0] += 1  # in flight: never idle, so the last-request time is set at the end
         try:
             return await self._infer(model, version, pinned, lv, request, table, route,
-                                     routing_key)
+                                     routing_key, trace)
         finally:
             activity[0] -= 1
             activity[1] = monotonic()
@@ -365,7 +386,7 @@ class DataPlane:
 
     async def _infer(self, model: str, version: str | None, pinned: bool,
                      lv: LoadedVersion | None, request: InferRequest, table: RouteTable,
-                     route: ModelRoute, routing_key: str | None,
+                     route: ModelRoute, routing_key: str | None, trace: RequestTrace | None,
                      ) -> tuple[dict[str, np.ndarray], LoadedVersion]:
         if lv is None and table.asleep(model, version):
             lv, route = await self._cold_start(model, version if pinned else None, routing_key)
@@ -374,7 +395,10 @@ class DataPlane:
                 raise ModelNotReady(f"model '{model}' has no ready version serving traffic",
                                     retry_after=1)
             self.resolve(model, version)  # raises the right 404 / 503
+        targets = None
         try:
+            if request.shared_memory:  # inputs read from, outputs checked against their regions
+                targets = self.shared_memory_regions().attach(request)
             feeds = validate_inputs(request.inputs, lv.signature, lv.max_batch_size)
             if request.outputs:
                 validate_outputs([o.name for o in request.outputs], lv.signature)
@@ -383,11 +407,15 @@ class DataPlane:
             lv.stats.record_failure(0)
             raise
         if lv.stats.cached:
-            outputs = await self._cached_run(model, lv, feeds)
+            outputs = await self._cached_run(model, lv, feeds, trace)
         else:
-            outputs = await self._run(model, lv, feeds)
+            outputs = await self._run(model, lv, feeds, trace)
         if route.shadow is not None and route.shadow != lv.version:
+            if targets is not None:  # the client may rewrite its region once answered
+                feeds = {name: np.array(array) for name, array in feeds.items()}
             self._spawn(self._shadow(model, route.shadow, feeds, outputs))
+        if targets:
+            write_outputs(targets, outputs)
         return outputs, lv
 
     async def _cold_start(self, model: str, pinned: str | None, routing_key: str | None,
@@ -418,14 +446,15 @@ class DataPlane:
             if lv is not None or not table.asleep(model, version):
                 return lv, route
 
-    async def _run(self, model: str, lv: LoadedVersion, feeds: dict) -> dict[str, np.ndarray]:
+    async def _run(self, model: str, lv: LoadedVersion, feeds: dict,
+                   trace: RequestTrace | None = None) -> dict[str, np.ndarray]:
         """One request's outputs from the version's batcher, within the version's output
         budget (its own, else this replica's): over it, or too large to allocate, is a 400."""
         budget = lv.spec.max_output_bytes
         if budget <= 0:
             budget = self.max_output_bytes
         try:
-            outputs = await lv.batcher.infer(feeds)
+            outputs = await lv.batcher.infer(feeds, trace)
         except ServingError:
             raise
         except Exception as exc:  # noqa: BLE001 - the runtime's own error types
@@ -442,8 +471,8 @@ class DataPlane:
                 f"bytes, over the version's output budget of {budget} bytes (max_output_bytes)")
         return outputs
 
-    async def _cached_run(self, model: str, lv: LoadedVersion,
-                          feeds: dict) -> dict[str, np.ndarray]:
+    async def _cached_run(self, model: str, lv: LoadedVersion, feeds: dict,
+                          trace: RequestTrace | None) -> dict[str, np.ndarray]:
         """The outputs from the response cache when this version answered the same inputs
         before (the batcher is not touched), else from `_run`, then kept for next time."""
         cache = self.response_cache
@@ -454,7 +483,7 @@ class DataPlane:
             lv.stats.record_cache_hit(perf_counter_ns() - started)
             return outputs
         lv.stats.record_cache_miss(perf_counter_ns() - started)  # a lookup, even if the run fails
-        outputs = await self._run(model, lv, feeds)
+        outputs = await self._run(model, lv, feeds, trace)
         if not lv.retired:  # an unloading version's entries would never be dropped
             inserting = perf_counter_ns()
             cache.put(key, lv, outputs)

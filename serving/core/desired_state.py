@@ -227,6 +227,12 @@ class DesiredStateSource(Protocol):
     def request_unload(self, model: str, authorization: str | None = None) -> None:
         """v2 repository extension: stop serving `model`; raises as request_load does."""
 
+    def authorize_operator(self, authorization: str | None, what: str) -> None:
+        """Whether the caller whose Authorization header this is may change the replica's
+        log or trace settings (`what` says which, for the refusal): returns, or raises
+        Unauthorized / Forbidden. Blocking (runs in a worker thread). Optional: a source
+        without it refuses every such change (serving.core.operator_settings)."""
+
     def leave(self, replica: str) -> None:
         """The replica stopped gracefully (its last call): forget it rather than report it
         lost. Blocking (runs in a worker thread); a failure is logged by the caller."""
@@ -249,6 +255,10 @@ class ReadOnlySource:
 
     def request_unload(self, model: str, authorization: str | None = None) -> None:
         raise repository_action_not_offered("unload", model)
+
+    def authorize_operator(self, authorization: str | None, what: str) -> None:
+        """A replica with no control plane behind it is standalone: whoever runs it operates
+        it, so any caller that reaches it may change its log and trace settings (as Triton)."""
 
     def leave(self, replica: str) -> None:
         """Nothing to forget: a folder keeps no record of the replicas that read it."""

@@ -113,7 +113,8 @@ class PipelineBatcher:
     def in_flight(self) -> int:
         return self._in_flight
 
-    async def infer(self, inputs: Tensors) -> Tensors:
+    async def infer(self, inputs: Tensors, trace=None) -> Tensors:
+        """The pipeline's outputs (a trace gets no spans of its steps' batches)."""
         stats = self.stats
         if self._closed:
             stats.record_failure(0)

@@ -47,9 +47,10 @@ class FetchFailed(Exception):
 
 def load_version(spec: VersionSpec, *, intra_op_threads: int = 0,
                  providers: list[str] | None = None,
-                 stats: VersionStats | None = None) -> LoadedVersion:
+                 stats: VersionStats | None = None, tracing=None) -> LoadedVersion:
     """Verify, load and warm one version (blocking; call from a worker thread). `stats`: the
-    counters it had before it was scaled to zero, to go on with."""
+    counters it had before it was scaled to zero, to go on with; `tracing`: the data plane's
+    serving.core.tracing.Tracing, for its batcher."""
     if spec.signature.get("error"):
         raise LoadFailed(spec.signature["error"])
     if not os.path.isfile(spec.artifact_path):
@@ -86,7 +87,7 @@ def load_version(spec: VersionSpec, *, intra_op_threads: int = 0,
         runtime.unload()
         raise LoadFailed(f"warm-up failed: {exc}") from None
     stats = stats or VersionStats(spec.model, spec.version)
-    batcher = DynamicBatcher(runtime.predict, config, stats)
+    batcher = DynamicBatcher(runtime.predict, config, stats, tracing=tracing)
     return LoadedVersion(spec=spec, runtime=runtime, batcher=batcher, stats=stats,
                          max_batch_size=config.max_batch_size)
 
@@ -315,7 +316,8 @@ class Reconciler(ScaleToZero):
                     raise FetchFailed(f"could not fetch the artifact: {type(exc).__name__}: "
                                       f"{exc}") from None
             return load_version(spec, intra_op_threads=self.intra_op_threads,
-                                providers=self.providers, stats=stats)
+                                providers=self.providers, stats=stats,
+                                tracing=self.dataplane.tracing)
 
         try:
             return spec, await asyncio.get_running_loop().run_in_executor(

@@ -2,7 +2,9 @@
 (inputs as numpy arrays, the outputs asked for), the v2 datatype of an output, which outputs an
 answer carries (top-k classified where asked), and the raw byte layout of a tensor that the binary
 tensor extension and gRPC's raw contents share (BYTES: each element a 4-byte little-endian length,
-then its bytes). Each transport's codec turns its wire format into these and back."""
+then its bytes), and where a tensor lies in a registered system shared-memory region (Triton's
+`shared_memory_*` parameters, the same on every transport). Each transport's codec turns its wire
+format into these and back."""
 
 from __future__ import annotations
 
@@ -18,24 +20,37 @@ from serving.core.errors import InvalidInput, ServerFault
 _U32 = struct.Struct("<I")
 
 
+@dataclass(frozen=True, slots=True)
+class SharedMemoryPlace:
+    """Where a tensor lies: `byte_size` bytes at `offset` of the registered region `region`."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
 @dataclass(slots=True)
 class InputTensor:
-    """One decoded input: `array` already has the declared shape and the datatype's dtype."""
+    """One decoded input: `array` already has the declared shape and the datatype's dtype; an
+    input in shared memory (`place`) has none until the data plane reads it from its region."""
 
     name: str
     datatype: str
     shape: list[int]
     parameters: dict
-    array: np.ndarray
+    array: np.ndarray | None
+    place: SharedMemoryPlace | None = None
 
 
 @dataclass(slots=True)
 class RequestedOutput:
-    """An output the client named; `binary` already folds in `binary_data_output`."""
+    """An output the client named; `binary` already folds in `binary_data_output`. One with a
+    `place` is written into that shared-memory region and the answer carries no data for it."""
 
     name: str
     binary: bool
     parameters: dict = field(default_factory=dict)
+    place: SharedMemoryPlace | None = None
 
     @property
     def classification(self) -> int:
@@ -52,6 +67,36 @@ class InferRequest:
     inputs: list[InputTensor]
     outputs: list[RequestedOutput] | None
     binary_output: bool
+    shared_memory: bool = False  # an input or an output has a place in shared memory
+
+
+def shared_memory_place(parameters: dict, what: str) -> SharedMemoryPlace:
+    """The place a tensor's `shared_memory_*` parameters name (offset 0 unless given); `what`
+    ("input 'x'") names the tensor in the refusal of a missing or malformed one. The codecs
+    call it when a tensor has shared_memory_region or shared_memory_byte_size (two dict
+    lookups: what an ordinary request pays)."""
+    region = parameters.get("shared_memory_region")
+    size = parameters.get("shared_memory_byte_size")
+    offset = parameters.get("shared_memory_offset", 0)
+    if type(region) is not str or not region:
+        raise InvalidInput(f"{what}: shared_memory_region must name a registered region, got "
+                           f"{region!r}")
+    if type(size) is not int or size < 0:
+        raise InvalidInput(f"{what}: shared_memory_byte_size must be a non-negative integer, "
+                           f"got {size!r}")
+    if type(offset) is not int or offset < 0:
+        raise InvalidInput(f"{what}: shared_memory_offset must be a non-negative integer, got "
+                           f"{offset!r}")
+    return SharedMemoryPlace(region, offset, size)
+
+
+def output_place(parameters: dict, name: str) -> SharedMemoryPlace:
+    """The shared-memory place of requested output `name`: its raw tensor, never top-k
+    classes (Triton refuses the pair too)."""
+    if parameters.get("classification"):
+        raise InvalidInput(f"output '{name}': classification and shared memory cannot go "
+                           "together; ask for the raw tensor in shared memory")
+    return shared_memory_place(parameters, f"output '{name}'")
 
 
 def binary_bytes(body: bytes, offset: int, size: int, count: int, name: str) -> np.ndarray:
@@ -104,7 +149,9 @@ def answered_outputs(
 ) -> list[tuple[str, np.ndarray, bool]]:
     """(name, array, binary) of each output a response carries, in answer order: the ones the
     client named (top-k classified where it asked for classification), else every output.
-    Every front (HTTP JSON/binary, gRPC) answers with this selection."""
+    `binary` is None for an output written into shared memory: the answer names it (datatype,
+    shape) and carries no data. Every front (HTTP JSON/binary, gRPC) answers with this
+    selection."""
     if requested is None:
         return [(name, array, binary_output) for name, array in outputs.items()]
     answer = []
@@ -117,7 +164,7 @@ def answered_outputs(
         k = req.classification
         if k:
             array = _classify(array, k, batched, req.name)
-        answer.append((req.name, array, req.binary))
+        answer.append((req.name, array, req.binary if req.place is None else None))
     return answer
 
 

@@ -26,6 +26,8 @@ from serving.core.tensors import (
     binary_block,
     binary_bytes,
     datatype_of,
+    output_place,
+    shared_memory_place,
 )
 
 #: Which typed `contents` field carries each datatype (FP16 and BF16 have none: raw only).
@@ -120,12 +122,15 @@ def decode_model_infer_request(request: pb.ModelInferRequest, raw=None) -> Infer
         raise InvalidInput("'inputs' must be a non-empty list")
     if raw is None:
         raw = request.raw_input_contents
-    if raw and len(raw) != len(inputs):
+    if raw and len(raw) != len(inputs) and len(raw) != len(inputs) - _in_shared_memory(inputs):
         raise InvalidInput(
             f"raw_input_contents has {len(raw)} entries but the request has {len(inputs)} "
-            "inputs: send one per input, in input order (or none, with typed contents)")
+            "inputs: send one per input, in input order (or none, with typed contents), "
+            "leaving out those in shared memory")
     decoded = []
     seen = set()
+    shared = False
+    next_raw = 0
     for index, tensor in enumerate(inputs):
         name = tensor.name
         if not name:
@@ -141,13 +146,29 @@ def decode_model_infer_request(request: pb.ModelInferRequest, raw=None) -> Infer
         shape = list(tensor.shape)
         if any(d < 0 for d in shape):
             raise InvalidInput(f"input '{name}': shape must be a list of non-negative integers")
+        params = parameters(tensor.parameters)
+        if params and ("shared_memory_region" in params or "shared_memory_byte_size" in params):
+            if tensor.HasField("contents"):
+                raise InvalidInput(f"input '{name}' is in shared memory and also has contents: "
+                                   "send one")
+            place = shared_memory_place(params, f"input '{name}'")
+            decoded.append(InputTensor(name, datatype, shape, params, None, place))
+            shared = True
+            continue
         if raw:
             if tensor.HasField("contents"):
                 raise InvalidInput(f"input '{name}' has both contents and raw_input_contents")
-            array = _raw_input(name, datatype, dtype, shape, raw[index], index)
+            if next_raw == len(raw):
+                raise InvalidInput(f"input '{name}' has no raw_input_contents entry: send one "
+                                   "per input that is not in shared memory, in input order")
+            array = _raw_input(name, datatype, dtype, shape, raw[next_raw], next_raw)
+            next_raw += 1
         else:
             array = _typed_input(name, datatype, dtype, shape, tensor.contents)
-        decoded.append(InputTensor(name, datatype, shape, parameters(tensor.parameters), array))
+        decoded.append(InputTensor(name, datatype, shape, params, array))
+    if next_raw != len(raw):
+        raise InvalidInput(f"raw_input_contents has {len(raw)} entries but {next_raw} inputs "
+                           "take one (those in shared memory take none)")
     outputs = None
     if request.outputs:
         outputs = []
@@ -161,9 +182,20 @@ def decode_model_infer_request(request: pb.ModelInferRequest, raw=None) -> Infer
             if type(k) is not int or k < 0:
                 raise InvalidInput(
                     f"output '{spec.name}': classification must be a non-negative integer")
-            outputs.append(RequestedOutput(spec.name, True, params))
+            place = None
+            if params and ("shared_memory_region" in params
+                           or "shared_memory_byte_size" in params):
+                place = output_place(params, spec.name)
+                shared = True
+            outputs.append(RequestedOutput(spec.name, True, params, place))
     return InferRequest(request.id or None, parameters(request.parameters), decoded, outputs,
-                        True)
+                        True, shared)
+
+
+def _in_shared_memory(inputs) -> int:
+    """How many of a request's inputs name a shared-memory place (they take no raw entry)."""
+    return sum(1 for tensor in inputs if "shared_memory_region" in tensor.parameters
+               or "shared_memory_byte_size" in tensor.parameters)
 
 
 def _raw_input(name: str, datatype: str, dtype: np.dtype, shape: list[int], data: bytes,
@@ -214,10 +246,59 @@ def encode_model_infer_response(
     """The answer with every output's bytes in `raw_output_contents`, in output order."""
     tensors = []
     raw = []
-    for name, array, _ in answered_outputs(outputs, request.outputs, True, batched):
+    for name, array, binary in answered_outputs(outputs, request.outputs, True, batched):
         datatype = datatype_of(array)
         tensors.append(pb.ModelInferResponse.InferOutputTensor(
             name=name, datatype=datatype, shape=array.shape))
-        raw.append(bytes(binary_block(array, datatype)))
+        # an output written into shared memory keeps its position with no bytes
+        raw.append(bytes(binary_block(array, datatype)) if binary is not None else b"")
     return pb.ModelInferResponse(model_name=model_name, model_version=model_version,
                                  id=request.id or "", outputs=tensors, raw_output_contents=raw)
+
+
+# -- the trace and logging extensions' settings (serving.core.operator_settings) ---------------
+
+
+def trace_setting_changes(request: pb.TraceSettingRequest) -> dict:
+    """TraceSettingRequest's settings as the JSON the HTTP front takes: a setting with no value
+    is null (clear it), trace_level a list, the others their one string."""
+    changes: dict = {}
+    for name, setting in request.settings.items():
+        values = list(setting.value)
+        if not values:
+            changes[name] = None
+        elif name == "trace_level":
+            changes[name] = values
+        elif len(values) == 1:
+            changes[name] = values[0]
+        else:
+            raise InvalidInput(f"{name} takes one value, got {len(values)}")
+    return changes
+
+
+def trace_setting_response(settings: dict) -> pb.TraceSettingResponse:
+    value = pb.TraceSettingResponse.SettingValue
+    return pb.TraceSettingResponse(settings={
+        name: value(value=v if isinstance(v, list) else [v]) for name, v in settings.items()})
+
+
+def log_settings_changes(request: pb.LogSettingsRequest) -> dict:
+    """LogSettingsRequest's settings as JSON values (bool, int, str; none set: null)."""
+    changes: dict = {}
+    for name, setting in request.settings.items():
+        which = setting.WhichOneof("parameter_choice")
+        changes[name] = None if which is None else getattr(setting, which)
+    return changes
+
+
+def log_settings_response(settings: dict) -> pb.LogSettingsResponse:
+    value = pb.LogSettingsResponse.SettingValue
+
+    def one(v) -> pb.LogSettingsResponse.SettingValue:
+        if isinstance(v, bool):
+            return value(bool_param=v)
+        if isinstance(v, int):
+            return value(uint32_param=v)
+        return value(string_param=v)
+
+    return pb.LogSettingsResponse(settings={name: one(v) for name, v in settings.items()})

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from time import perf_counter_ns
 
 import grpc
 from google.protobuf import json_format
@@ -26,11 +27,17 @@ from tritonclient.grpc import service_pb2 as pb
 
 from serving.core.dataplane import DataPlane, with_key
 from serving.core.errors import InvalidInput, ModelNotFound, ReplicaStarting, ServingError
+from serving.core.logs import REQUEST_ID
+from serving.core.shared_memory import cuda_shared_memory_refusal
 from serving.edge_limits import EdgeLimits, trim_heap_soon
 from serving.grpc.codec import (
     decode_model_infer_request,
     encode_model_infer_response,
+    log_settings_changes,
+    log_settings_response,
     parse_model_infer_request,
+    trace_setting_changes,
+    trace_setting_response,
 )
 
 log = logging.getLogger(__name__)
@@ -50,6 +57,8 @@ STATUS_CODES = {
     501: grpc.StatusCode.UNIMPLEMENTED,
     503: grpc.StatusCode.UNAVAILABLE,
 }
+#: The metadata a traced call's W3C trace context comes in.
+_TRACE_CONTEXT = ("traceparent", "tracestate", "baggage")
 #: How often the health service re-reads the data plane's readiness (for Watch; Check reads
 #: it at once).
 HEALTH_POLL_SECONDS = 0.5
@@ -141,12 +150,15 @@ def _answers(method):
 
 
 class _Caller:
-    """What a call's metadata says: predict key, routing key, pinned version, authorization."""
+    """What a call's metadata says: predict key, routing key, pinned version, authorization,
+    request id (and the metadata itself, where a traced call's traceparent is)."""
 
-    __slots__ = ("api_key", "routing_key", "version", "authorization")
+    __slots__ = ("api_key", "routing_key", "version", "authorization", "request_id", "metadata")
 
     def __init__(self, metadata) -> None:
         self.api_key = self.routing_key = self.version = self.authorization = None
+        self.request_id = None
+        self.metadata = metadata
         for key, value in metadata or ():
             if key == "authorization":
                 self.authorization = value
@@ -159,6 +171,8 @@ class _Caller:
                 self.routing_key = value
             elif key == "x-model-version":
                 self.version = value
+            elif key == "x-request-id":
+                self.request_id = value[:128]
 
 
 def _version(request_version: str, caller: _Caller) -> str | None:
@@ -188,6 +202,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, dataplane: DataPlane, answers: AnswerBudget | None = None) -> None:
         self.dataplane = dataplane
         self.answers = answers if answers is not None else AnswerBudget(0)
+        self.tracing = dataplane.tracing  # its `active`: read once per inference
 
     # -- health and metadata -----------------------------------------------------------------
 
@@ -244,16 +259,58 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- inference ---------------------------------------------------------------------------
 
-    async def _infer(self, request: pb.ModelInferRequest, caller: _Caller, raw=None):
+    async def _infer(self, request: pb.ModelInferRequest, caller: _Caller, raw=None,
+                     method: str = "ModelInfer"):
         if not request.model_name:
             raise InvalidInput("model_name is required")
+        if self.tracing.active:  # all that an inference reads of tracing while it is off
+            return await self._traced_infer(request, caller, raw, method)
         decoded = decode_model_infer_request(request, raw)
+        REQUEST_ID.set(caller.request_id or decoded.id or None)  # for the log lines it causes
         outputs, lv = await self.dataplane.predict(
             request.model_name, _version(request.model_version, caller), decoded,
             routing_key=caller.routing_key, api_key=caller.api_key)
         response = encode_model_infer_response(
             model_name=request.model_name, model_version=lv.version, request=decoded,
             outputs=outputs, batched=lv.batched)
+        return response, lv
+
+    async def _traced_infer(self, request: pb.ModelInferRequest, caller: _Caller, raw,
+                            method: str):
+        """_infer when tracing may pick this call: its spans (serving.core.tracing)."""
+        started = perf_counter_ns()
+        model = request.model_name
+        decoded = decode_model_infer_request(request, raw)
+        REQUEST_ID.set(caller.request_id or decoded.id or None)
+        done = perf_counter_ns()
+        version = _version(request.model_version, caller)
+        if not self.tracing.picks(model):
+            outputs, lv = await self.dataplane.predict(
+                model, version, decoded, routing_key=caller.routing_key, api_key=caller.api_key)
+            return encode_model_infer_response(
+                model_name=model, model_version=lv.version, request=decoded, outputs=outputs,
+                batched=lv.batched), lv
+        trace = self.tracing.start(
+            {k: v for k, v in caller.metadata or () if k in _TRACE_CONTEXT},
+            name=f"{SERVICE}/{method}", start_ns=started,
+            attributes={"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": method,
+                        "mmc.model": model, "mmc.replica": self.dataplane.replica,
+                        "mmc.request_id": REQUEST_ID.get() or ""})
+        trace.span("decode", started, done)
+        try:
+            outputs, lv = await self.dataplane.predict(
+                model, version, decoded, routing_key=caller.routing_key, api_key=caller.api_key,
+                trace=trace)
+            encoding = perf_counter_ns()
+            response = encode_model_infer_response(
+                model_name=model, model_version=lv.version, request=decoded, outputs=outputs,
+                batched=lv.batched)
+            trace.span("encode", encoding, perf_counter_ns())
+        except BaseException as exc:
+            code = status_code(exc) if isinstance(exc, ServingError) else grpc.StatusCode.UNKNOWN
+            trace.end(exc, {"rpc.grpc.status_code": code.value[0]})
+            raise
+        trace.end(attributes={"rpc.grpc.status_code": 0, "mmc.version": lv.version})
         return response, lv
 
     @_answers
@@ -286,7 +343,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         async def one(request) -> None:
             try:
-                response, _ = await self._infer(request, caller)
+                response, _ = await self._infer(request, caller, method="ModelStreamInfer")
                 answers.put_nowait(pb.ModelStreamInferResponse(infer_response=response))
             except ServingError as exc:
                 answers.put_nowait(_stream_error(request, exc.message))
@@ -342,6 +399,59 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                                                caller.authorization)
         return pb.RepositoryModelUnloadResponse()
 
+    # -- the trace and logging extensions (serving.core.operator_settings) ----------------------
+
+    @_answers
+    async def TraceSetting(self, request, context):
+        """No settings: read them (the model's, with model_name); else change them."""
+        operator = self.dataplane.operator
+        model = request.model_name or None
+        if not request.settings:
+            return trace_setting_response(operator.trace_settings(model))
+        caller = _Caller(context.invocation_metadata())
+        return trace_setting_response(await operator.change_trace_settings(
+            trace_setting_changes(request), caller.authorization, model))
+
+    @_answers
+    async def LogSettings(self, request, context):
+        operator = self.dataplane.operator
+        if not request.settings:
+            return log_settings_response(operator.log_settings())
+        caller = _Caller(context.invocation_metadata())
+        return log_settings_response(await operator.change_log_settings(
+            log_settings_changes(request), caller.authorization))
+
+    # -- system shared memory (serving.core.shared_memory) -------------------------------------
+
+    @_answers
+    async def SystemSharedMemoryStatus(self, request, context):
+        regions = self.dataplane.shared_memory_regions().status(request.name or None)
+        status = pb.SystemSharedMemoryStatusResponse.RegionStatus
+        return pb.SystemSharedMemoryStatusResponse(
+            regions={region["name"]: status(**region) for region in regions})
+
+    @_answers
+    async def SystemSharedMemoryRegister(self, request, context):
+        self.dataplane.shared_memory_regions().register(
+            name=request.name, key=request.key, offset=request.offset,
+            byte_size=request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_answers
+    async def SystemSharedMemoryUnregister(self, request, context):
+        regions = self.dataplane.shared_memory_regions()
+        if request.name:
+            regions.unregister(request.name)
+        else:
+            regions.unregister_all()
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @_answers
+    async def CudaSharedMemoryStatus(self, request, context):
+        raise cuda_shared_memory_refusal()
+
+    CudaSharedMemoryRegister = CudaSharedMemoryUnregister = CudaSharedMemoryStatus
+
 
 def _parse_infer_request(data):
     """ModelInfer's request, or the InvalidInput saying why it is not one: a deserializer that
@@ -357,23 +467,6 @@ def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStream
     name, version and id say which request it was."""
     return pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(
         model_name=request.model_name, model_version=request.model_version, id=request.id))
-
-
-def _unimplemented(name: str, what: str):
-    async def call(self, request, context):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name}: {what}")
-
-    call.__name__ = name
-    return call
-
-
-for _name in ("SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
-              "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus",
-              "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister"):
-    setattr(InferenceServicer, _name, _unimplemented(
-        _name, "shared-memory tensors are not offered: send raw_input_contents"))
-for _name in ("TraceSetting", "LogSettings"):
-    setattr(InferenceServicer, _name, _unimplemented(_name, "not offered by this server"))
 
 
 #: MMC_GRPC_TRANSPORT's values (see the module's docstring)

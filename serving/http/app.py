@@ -15,6 +15,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from time import perf_counter_ns
 
 import orjson
 
@@ -28,18 +29,25 @@ from serving.core.errors import (
     ReplicaStarting,
     ServingError,
 )
+from serving.core.extras import require
+from serving.core.logs import REQUEST_ID
 from serving.core.rate_limits import DEFAULT_SYNC_SECONDS, Admission, quota_store
 from serving.core.reconciler import Reconciler
 from serving.core.response_cache import DEFAULT_RESPONSE_CACHE_BYTES
+from serving.core.shared_memory import SharedMemoryRegistry
 from serving.core.stats import ServingCollector, VersionStats, render_metrics
+from serving.core.tracing import Tracing
 from serving.edge_limits import IDLE_TRIM_S, BodyReader, EdgeLimits, trim_when_idle
+from serving.http import json_numbers
 from serving.http.codec import (
     decode_infer_request,
     encode_infer_response,
     sagemaker_header_length,
 )
 from serving.http.compression import MAX_BODY_BYTES, decompress
+from serving.http.shared_memory import MAX_REGISTER_BODY, shared_memory_call
 from serving.process import siblings
+from serving.process.shared_settings import SettingsBoard
 from serving.process.supervisor import DEFAULT_DRAIN_SECONDS
 
 log = logging.getLogger(__name__)
@@ -202,6 +210,7 @@ class ServingApp:
         self._limit = settings.max_body_bytes
         self._reader = BodyReader(settings.limits)
         self._metrics = _Metrics(dataplane)
+        self._tracing = dataplane.tracing  # its `active`: read once per inference
         self._started = False
         self._start_lock: asyncio.Lock | None = None
         self.grpc = None  # the GrpcFront, while settings.grpc_port asks for one
@@ -226,6 +235,9 @@ class ServingApp:
                 await self._start_grpc()
             if not self._started and self.dataplane.siblings is not None:
                 self.dataplane.siblings.start()
+            board = self.dataplane.operator.board
+            if not self._started and board is not None:  # the other workers' log and trace
+                board.follow(self.dataplane.operator.adopt)  # settings changes
             if not self._started and self.settings.idle_trim_seconds > 0:
                 self._trim_task = asyncio.get_running_loop().create_task(trim_when_idle(
                     self.dataplane.busy_since, self.settings.idle_trim_seconds))
@@ -273,6 +285,12 @@ class ServingApp:
         if self._trim_task is not None:
             self._trim_task.cancel()
             self._trim_task = None
+        if self.dataplane.operator.board is not None:
+            await self.dataplane.operator.board.stop()
+        if self._tracing.exporting:  # the spans still buffered go out before the process ends
+            await asyncio.get_running_loop().run_in_executor(None, self._tracing.flush)
+        if self.dataplane.shared_memory is not None:  # every region unmapped
+            self.dataplane.shared_memory.close()
         self._started = False
 
     # -- ASGI --------------------------------------------------------------------------------
@@ -331,6 +349,8 @@ class ServingApp:
                     extra = n > 7
                 else:
                     extra = n > 5
+                if action == "trace" and version is None and n == 6 and parts[5] == "setting":
+                    return await self._settings_call(scope, receive, send, "trace", model)
                 if extra:
                     raise ModelNotFound(f"no such endpoint {path}")
                 if action == "infer":
@@ -365,6 +385,12 @@ class ServingApp:
                 return await _json(send, 200, dp.server_metadata())
             if section == "repository":
                 return await self._repository(scope, receive, send, parts, path)
+            if (section == "trace" and n == 4 and parts[3] == "setting") or \
+                    (section == "logging" and n == 3):
+                return await self._settings_call(scope, receive, send, section, None)
+            if section in ("systemsharedmemory", "cudasharedmemory"):
+                body = await self._reader.read(receive, -1, MAX_REGISTER_BODY)
+                return await _json(send, 200, shared_memory_call(dp, method, parts, body, path))
         elif head == "invocations" and n == 2:
             _method(method, "POST")
             return await self._infer(scope, receive, send, None, None, sagemaker=True)
@@ -399,11 +425,88 @@ class ServingApp:
             return await _json(send, 200, {})
         raise ModelNotFound(f"no such endpoint {path}")
 
+    async def _settings_call(self, scope, receive, send, kind: str, model: str | None) -> None:
+        """The logging (`kind` "logging") or trace extension's settings: GET reads them, POST
+        changes them (an operator's call: serving.core.operator_settings says who may)."""
+        operator = self.dataplane.operator
+        method = scope["method"]
+        if method == "GET":
+            return await _json(send, 200, operator.log_settings() if kind == "logging"
+                               else operator.trace_settings(model))
+        if method != "POST":
+            raise MethodNotAllowed(f"method {method} not allowed here (use GET or POST)",
+                                   headers={"Allow": "GET, POST"})
+        body = await self._reader.read(receive, -1, 1 << 16)
+        changes = None
+        if body.strip():
+            try:
+                changes = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
+                raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+        authorization = next((v.decode("latin-1") for k, v in scope["headers"]
+                              if k == b"authorization"), None)
+        if kind == "logging":
+            answer = await operator.change_log_settings(
+                {} if changes is None else changes, authorization)
+        else:
+            answer = await operator.change_trace_settings(changes, authorization, model)
+        await _json(send, 200, answer)
+
     # -- inference ---------------------------------------------------------------------------
 
     async def _infer(self, scope, receive, send, model: str | None, version: str | None, *,
                      sagemaker: bool = False) -> None:
+        if self._tracing.active:  # all that an inference reads of tracing while it is off
+            return await self._traced_infer(scope, receive, send, model, version, sagemaker)
+        model, request, routing_key, api_key = await self._infer_request(
+            scope, receive, model, sagemaker)
+        outputs, lv = await self.dataplane.predict(
+            model, version, request, routing_key=routing_key, api_key=api_key)
+        out, raw = _infer_answer(model, request, outputs, lv)
+        await send({"type": "http.response.start", "status": 200, "headers": raw})
+        await send({"type": "http.response.body", "body": out})
+
+    async def _traced_infer(self, scope, receive, send, model: str | None, version: str | None,
+                            sagemaker: bool) -> None:
+        """_infer when tracing may pick this inference: its spans (serving.core.tracing)."""
+        started = perf_counter_ns()
+        model, request, routing_key, api_key = await self._infer_request(
+            scope, receive, model, sagemaker)
+        decoded = perf_counter_ns()
+        if not self._tracing.picks(model):
+            outputs, lv = await self.dataplane.predict(
+                model, version, request, routing_key=routing_key, api_key=api_key)
+            out, raw = _infer_answer(model, request, outputs, lv)
+        else:
+            route = "/invocations" if sagemaker else "/v2/models/{model}/infer"
+            trace = self._tracing.start(
+                _trace_carrier(scope["headers"]), name=f"POST {route}", start_ns=started,
+                attributes={"http.request.method": "POST", "http.route": route,
+                            "url.path": scope["path"], "mmc.model": model,
+                            "mmc.replica": self.dataplane.replica,
+                            "mmc.request_id": REQUEST_ID.get() or ""})
+            trace.span("decode", started, decoded)
+            try:
+                outputs, lv = await self.dataplane.predict(
+                    model, version, request, routing_key=routing_key, api_key=api_key,
+                    trace=trace)
+                encoding = perf_counter_ns()
+                out, raw = _infer_answer(model, request, outputs, lv)
+                trace.span("encode", encoding, perf_counter_ns())
+            except BaseException as exc:
+                trace.end(exc, {"http.response.status_code": getattr(exc, "status", 500)})
+                raise
+            trace.end(attributes={"http.response.status_code": 200,
+                                  "mmc.version": lv.version})
+        await send({"type": "http.response.start", "status": 200, "headers": raw})
+        await send({"type": "http.response.body", "body": out})
+
+    async def _infer_request(self, scope, receive, model: str | None,
+                             sagemaker: bool) -> tuple:
+        """(model, decoded request, routing key, predict keys) of an infer call; the request's
+        id (X-Request-Id, else the body's `id`) set for the log lines it causes."""
         header_length = content_type = encoding = routing_key = api_key = target = None
+        request_id = None
         length = -1
         for key, value in scope["headers"]:
             if key == b"inference-header-content-length":
@@ -422,6 +525,8 @@ class ServingApp:
                 api_key = with_key(api_key, value.decode("latin-1"))
             elif key == b"x-amzn-sagemaker-target-model":
                 target = value.decode("latin-1")
+            elif key == b"x-request-id":
+                request_id = value.decode("latin-1")[:128]
         limit = self._limit
         if length > limit:
             raise PayloadTooLarge(f"request body of {length} bytes exceeds the limit of "
@@ -442,23 +547,8 @@ class ServingApp:
                 hlen = smlen
             model = self._sagemaker_model(target)
         request = decode_infer_request(body, header_length=hlen)
-        outputs, lv = await self.dataplane.predict(
-            model, version, request, routing_key=routing_key, api_key=api_key)
-        out, headers = encode_infer_response(
-            model_name=model, model_version=lv.version, request_id=request.id, outputs=outputs,
-            requested=request.outputs, binary_output=request.binary_output, batched=lv.batched)
-        version_header = lv.transport_cache.get("http")
-        if version_header is None:
-            version_header = lv.transport_cache["http"] = (b"x-model-version",
-                                                           lv.version.encode())
-        if len(headers) == 1:  # JSON answer: the common case, prebuilt tuples
-            raw = [_CT_JSON, version_header, (b"content-length", b"%d" % len(out))]
-        else:
-            raw = _headers(headers)
-            raw.append(version_header)
-            raw.append((b"content-length", b"%d" % len(out)))
-        await send({"type": "http.response.start", "status": 200, "headers": raw})
-        await send({"type": "http.response.body", "body": out})
+        REQUEST_ID.set(request_id or request.id)
+        return model, request, routing_key, api_key
 
     def _sagemaker_model(self, target: str | None) -> str:
         dp = self.dataplane
@@ -480,6 +570,29 @@ class ServingApp:
 
 
 # -- helpers -------------------------------------------------------------------------------
+
+
+def _infer_answer(model: str, request, outputs, lv) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """An infer call's answer: its body and headers (X-Model-Version names who answered)."""
+    out, headers = encode_infer_response(
+        model_name=model, model_version=lv.version, request_id=request.id, outputs=outputs,
+        requested=request.outputs, binary_output=request.binary_output, batched=lv.batched)
+    version_header = lv.transport_cache.get("http")
+    if version_header is None:
+        version_header = lv.transport_cache["http"] = (b"x-model-version", lv.version.encode())
+    if len(headers) == 1:  # JSON answer: the common case, prebuilt tuples
+        return out, [_CT_JSON, version_header, (b"content-length", b"%d" % len(out))]
+    raw = _headers(headers)
+    raw.append(version_header)
+    raw.append((b"content-length", b"%d" % len(out)))
+    return out, raw
+
+
+def _trace_carrier(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The W3C trace context headers a traced request came with (traceparent, tracestate,
+    baggage), for OpenTelemetry's propagator."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in headers
+            if k in (b"traceparent", b"tracestate", b"baggage")}
 
 
 def _method(method: str, wanted: str) -> None:
@@ -527,19 +640,34 @@ async def _json(send: Send, status: int, doc) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def shared_memory_registry(limits: EdgeLimits) -> SharedMemoryRegistry | None:
+    """System shared memory where MMC_SHM turns it on, bounded by the limits; else None."""
+    if not limits.shared_memory:
+        return None
+    return SharedMemoryRegistry(max_regions=limits.shared_memory_max_regions,
+                                max_bytes=limits.shared_memory_max_bytes)
+
+
 def create_app(source: DesiredStateSource, *, replica: str,
                settings: ServingSettings | None = None) -> ServingApp:
     """The serving ASGI app over `source`; mount it at /v2, /ping, /invocations, /metrics.
     Lifespan startup starts the reconciler (or the first request does, if no lifespan)."""
     settings = settings or ServingSettings.from_env()
+    if settings.grpc_port is not None:  # its extra missing: stop now, not at the first call
+        require("grpc", feature=f"gRPC is on (MMC_GRPC_PORT={settings.grpc_port})")
+    json_numbers.log_if_unavailable()
     admission = Admission(store=quota_store(settings.quota_redis_url,
                                             workers_folder=siblings.shared_folder()),
                           sync_seconds=settings.quota_sync_seconds)
     dataplane = DataPlane(replica=replica, max_output_bytes=settings.max_output_bytes,
                           admission=admission,
-                          response_cache_bytes=settings.response_cache_bytes)
+                          tracing=Tracing.from_env(service="mmc-serve", instance=replica),
+                          response_cache_bytes=settings.response_cache_bytes,
+                          shared_memory=shared_memory_registry(settings.limits))
     dataplane.siblings = siblings.from_environment(replica, dataplane.all_stats,
                                                    counters=admission.counters)
+    if dataplane.siblings is not None:  # log and trace settings changed on one worker reach all
+        dataplane.operator.board = SettingsBoard(dataplane.siblings.folder)
     reconciler = Reconciler(
         source, dataplane, poll_seconds=settings.poll_seconds,
         heartbeat_seconds=settings.heartbeat_seconds,

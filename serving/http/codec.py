@@ -24,6 +24,8 @@ from serving.core.tensors import (
     binary_block,
     binary_bytes,
     datatype_of,
+    output_place,
+    shared_memory_place,
 )
 from serving.http.compression import MAX_BODY_BYTES, decompress
 from serving.http.json_numbers import FAST_MIN_BYTES, Numbers
@@ -116,18 +118,22 @@ def decode_infer_request(
         raise InvalidInput("'inputs' must be a non-empty list")
     inputs = []
     seen = set()
+    shared = False
     for index, spec in enumerate(raw_inputs):
         tensor, offset = _decode_input(spec, index, body, offset, end)
         if tensor.name in seen:
             raise InvalidInput(f"input '{tensor.name}' appears more than once")
         seen.add(tensor.name)
         inputs.append(tensor)
+        if tensor.place is not None:
+            shared = True
     if offset != end:
         raise InvalidInput(
             f"{end - offset} bytes of binary data left over after the last binary input"
         )
-    outputs = _decode_outputs(doc.get("outputs"), binary_output)
-    return InferRequest(request_id, parameters, inputs, outputs, binary_output)
+    outputs, shared_outputs = _decode_outputs(doc.get("outputs"), binary_output)
+    return InferRequest(request_id, parameters, inputs, outputs, binary_output,
+                        shared or shared_outputs)
 
 
 def _params(value: Any, what: str) -> dict:
@@ -144,6 +150,13 @@ def _decode_input(
     """One entry of 'inputs' and the offset of the next binary block: its values come either
     from binary data at `offset` (binary_data_size) or from its JSON 'data'."""
     name, datatype, dtype, shape, parameters = _input_header(spec, index)
+    if parameters and ("shared_memory_region" in parameters
+                       or "shared_memory_byte_size" in parameters):  # the two it needs
+        if "data" in spec or "binary_data_size" in parameters:
+            raise InvalidInput(f"input '{name}' is in shared memory and also has "
+                               f"{'data' if 'data' in spec else 'binary_data_size'}: send one")
+        place = shared_memory_place(parameters, f"input '{name}'")
+        return InputTensor(name, datatype, shape, parameters, None, place), offset
     data = spec.get("data", _MISSING)
     size = parameters.get("binary_data_size")
     if size is not None:
@@ -296,13 +309,15 @@ def _nested_strings(data: list, name: str) -> list[bytes]:
     return items
 
 
-def _decode_outputs(raw: Any, binary_output: bool) -> list[RequestedOutput] | None:
+def _decode_outputs(raw: Any, binary_output: bool) -> tuple[list[RequestedOutput] | None, bool]:
+    """The outputs asked for (None: every output), and whether one goes to shared memory."""
     if raw is None:
-        return None
+        return None, False
     if type(raw) is not list:
         raise InvalidInput("'outputs' must be a list")
     outputs = []
     seen = set()
+    shared = False
     for index, spec in enumerate(raw):
         if type(spec) is not dict or type(spec.get("name")) is not str:
             raise InvalidInput(f"outputs[{index}] needs a 'name' string")
@@ -317,8 +332,13 @@ def _decode_outputs(raw: Any, binary_output: bool) -> list[RequestedOutput] | No
         k = parameters.get("classification", 0)
         if type(k) is not int or k < 0:
             raise InvalidInput(f"output '{name}': classification must be a non-negative integer")
-        outputs.append(RequestedOutput(name, binary, parameters))
-    return outputs
+        place = None
+        if parameters and ("shared_memory_region" in parameters
+                           or "shared_memory_byte_size" in parameters):
+            place = output_place(parameters, name)
+            shared = True
+        outputs.append(RequestedOutput(name, binary, parameters, place))
+    return outputs, shared
 
 
 # -------------------------------------------------------------------------- response
@@ -349,8 +369,9 @@ def encode_infer_response(
             block = binary_block(array, datatype)
             doc["parameters"] = {"binary_data_size": len(block)}
             blocks.append(block)
-        else:
+        elif binary is not None:
             doc["data"] = _json_data(array, datatype, name)
+        # else: written into its shared-memory region; the answer only names it
         docs.append(doc)
 
     response: dict[str, Any] = {"model_name": model_name, "model_version": model_version}

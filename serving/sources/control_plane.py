@@ -266,10 +266,23 @@ class HttpRegistrySource:
             _raise_for(user.post(f"/api/v1/models/{model}/endpoint/deploy/",
                                  json={"version": None, "reason": "repository unload request"}))
 
-    def _user_client(self, authorization: str | None) -> httpx.Client:
+    def authorize_operator(self, authorization: str | None, what: str) -> None:
+        """The caller's API token, as the control plane knows it: an engineer's or an admin's
+        that may write (the same rule as repository load/unload)."""
+        with self._user_client(authorization, what) as user:
+            response = user.get("/api/v1/me/")
+            _raise_for(response)
+            me = response.json()
+        if me.get("role") not in ("engineer", "admin"):
+            raise Forbidden(f"{what} needs the engineer role")
+        if (me.get("token") or {}).get("read_only"):
+            raise Forbidden(f"{what} needs an API token that may write, not a read-only one")
+
+    def _user_client(self, authorization: str | None,
+                     what: str = "repository load/unload") -> httpx.Client:
         parts = (authorization or "").split()
         if len(parts) != 2 or parts[0].lower() != "bearer":
-            raise Unauthorized("repository load/unload needs 'Authorization: Bearer <API token>'")
+            raise Unauthorized(f"{what} needs 'Authorization: Bearer <API token>'")
         return httpx.Client(base_url=self.url, timeout=30.0,
                             headers={"Authorization": authorization, "User-Agent": "mmc-serve"})
 

@@ -65,9 +65,11 @@ class Command(BaseCommand):
             self.stdout.write(f"gRPC inference (KServe v2) on "
                               f"{os.environ['MMC_GRPC_HOST']}:{os.environ['MMC_GRPC_PORT']}")
         # SIGTERM drains the data plane (not ready, Connection: close, then stop) as mmc-serve
+        # MMC_LOG_FORMAT=json: uvicorn's own lines go through Django's JSON handler too
+        own_logs = {"log_config": None} if settings.LOG_FORMAT == "json" else {}
         serve(asgi.application, serving=asgi.serving_app, host=host, port=port, loop="uvloop",
               http="serving.http.protocol:GuardedHttpToolsProtocol", access_log=False,
-              lifespan="on")
+              lifespan="on", **own_logs)
 
     def _admin(self) -> None:
         User = get_user_model()
