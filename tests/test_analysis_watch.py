@@ -6,6 +6,7 @@ following the registry). Clocks are fed, or the last-tick record made old: nothi
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -118,10 +119,11 @@ def test_the_deployment_page_shows_the_tick_age_and_drops_a_stale_analysis(
         analysing, page_client):
     client = page_client("viewer")
     html = client.get("/models/scorer/deployment/").content.decode()
-    assert "<strong>Analysis checks:</strong> ran 0 s ago (every 5 s)" in html
+    # seconds counted from a record made a moment ago: a loaded machine may add one or two
+    assert re.search(r"<strong>Analysis checks:</strong> ran \d s ago \(every 5 s\)", html)
     silent_for(95)
     html = client.get("/models/scorer/deployment/live/").content.decode()
-    assert "canary analysis has not run for 95 s" in html
+    assert re.search(r"canary analysis has not run for 9[5-9] s", html)
     assert "endpoint.analysis.stale" in html  # the decisions list
     assert endpoint().candidate_weight == 0
 
