@@ -425,6 +425,10 @@ class JobStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
+#: a job's or a config search's end states
+FINISHED_JOB_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
 class Job(models.Model):
     """An async inference, a batch transform or a load test of one version. A worker holds it
     by a lease (`worker`, `heartbeat_at`); a lease not renewed in time means the worker died and
@@ -486,7 +490,7 @@ class Job(models.Model):
 
     @property
     def finished(self) -> bool:
-        return self.status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+        return self.status in FINISHED_JOB_STATUSES
 
 
 class ConfigSearch(models.Model):
@@ -548,7 +552,7 @@ class ConfigSearch(models.Model):
 
     @property
     def finished(self) -> bool:
-        return self.status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+        return self.status in FINISHED_JOB_STATUSES
 
     @property
     def best_point(self) -> dict | None:

@@ -23,7 +23,12 @@ from registry.background import enqueue
 from registry.errors import InvalidRequest, LifecycleError, NotFound
 from registry.models import ConfigSearch, Job, JobKind, JobStatus, ModelVersion
 from registry.notify import bump_revision
-from registry.services.loadtests import ACTIVE, live_traffic_roles, target_replica
+from registry.services.loadtests import (
+    ACTIVE,
+    live_traffic_roles,
+    require_key_if_protected,
+    target_replica,
+)
 from registry.services.versions import CONFIG_FIELDS, FLAG_FIELDS, version_configure
 from serving.core.tensor_signature import batch_dimension
 from serving.process.replica_address import replica_url
@@ -158,11 +163,7 @@ def config_search_create(*, model_name: str, number: int, actor: Actor, grid,
     if Job.objects.filter(version=version, kind=JobKind.LOADTEST, status__in=ACTIVE).exists():
         raise LifecycleError(f"a load test of v{number} is queued or running: the two would "
                              f"measure each other; wait for it", field="version")
-    access = selectors.endpoint_access(selectors.endpoint_get(model))
-    if access.protected and not key:
-        raise InvalidRequest(f"{model_name}'s endpoint requires a predict key: pass one as "
-                             f"`key` (it is used for this search only and never stored)",
-                             field="key")
+    require_key_if_protected(model, key, used_for="this search")
     target, load_first = target_replica(version, replica)
     try:
         with transaction.atomic():

@@ -49,6 +49,14 @@ def _runs(replica: ReplicaHeartbeat, version: ModelVersion) -> bool:
     return state.get("state") in ("READY", SCALED_TO_ZERO)  # scaled to zero: a request wakes it
 
 
+def require_key_if_protected(model, key: str, *, used_for: str) -> None:
+    """A protected endpoint's generated requests need one of its predict keys (`key`)."""
+    if selectors.endpoint_access(selectors.endpoint_get(model)).protected and not key:
+        raise InvalidRequest(f"{model.name}'s endpoint requires a predict key: pass one as "
+                             f"`key` (it is used for {used_for} only and never stored)",
+                             field="key")
+
+
 def target_replica(version: ModelVersion, name: str = "") -> tuple[ReplicaHeartbeat, bool]:
     """The live replica to load, and whether it must load the version first: the one named,
     else the first (embedded first) that runs the version and advertises a URL
@@ -128,11 +136,7 @@ def loadtest_create(*, model_name: str, number: int, actor: Actor, concurrency: 
     if search is not None:
         raise LifecycleError(f"config search {search.pk} of v{number} is {search.status}: the "
                              f"two would measure each other; wait for it", field="version")
-    access = selectors.endpoint_access(selectors.endpoint_get(model))
-    if access.protected and not key:
-        raise InvalidRequest(f"{model_name}'s endpoint requires a predict key: pass one as "
-                             f"`key` (it is used for this run only and never stored)",
-                             field="key")
+    require_key_if_protected(model, key, used_for="this run")
     target, load_first = target_replica(version, replica)
     params = {"requests": requests, "seconds": seconds, "concurrency": concurrency,
               "replica": target.replica, "url": replica_url(target.address),
