@@ -24,3 +24,6 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # roles, n
 
 # A traffic loop logs every request through httpx at INFO: keep failures readable.
 LOGGING = {**LOGGING, "loggers": {**LOGGING["loggers"], "httpx": {"level": "WARNING"}}}  # noqa: F405
+
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":  # noqa: F405
+    DATABASES["default"]["ENGINE"] = "tests.pg_backend"  # noqa: F405  a spec's flush by DELETE

@@ -45,6 +45,7 @@ LIMITS = {
 }
 STALL_S = 3.0  # the longest a healthy call may take while an attack runs
 GROWTH_MB = 150  # how much the server's RSS may grow during an attack
+UNSENT_GROWTH_MB = 210  # the window-0 spec's own bound, below the 256 MiB an unbounded server holds
 SETTLE_MB = 40  # ... and how near its start it must come back afterwards
 SETTLE_S = 10.0
 #: Where the fast transport does not meet a spec yet (measured, not guessed: run with
@@ -237,11 +238,14 @@ def test_a_ping_flood_from_a_client_that_never_reads_is_cut_off(server):
 def test_clients_granting_a_window_of_zero_cannot_make_the_server_hold_large_answers(server):
     not_yet(server, "window_zero")
     seen, healthy, watch = attacked(server, lambda: attacks.window_zero(
-        server.grpc_port, model="tile", calls=32, connections=4, hold_s=3))
+        server.grpc_port, model="tile", calls=64, connections=4, hold_s=3))
     assert seen.notes["connections"] == 4, seen.summary()
     # a budget for answers not yet sent may refuse calls while the attacker holds it
     assert_served(healthy, may_refuse=("RESOURCE_EXHAUSTED",))
-    assert_bounded(watch)  # 4 × 32 answers of 1 MiB each, if all were computed and kept
+    # 4 × 64 answers of 1 MiB each would hold 256 MiB at the very least if all were computed
+    # and kept; with the 8 MiB budget growth was 58-84 MB quiet and 155 MB once beside both CI
+    # lanes (worker threads' allocator arenas), so the bound sits between the two outcomes
+    assert_bounded(watch, growth_mb=UNSENT_GROWTH_MB)
 
 
 def test_a_stream_sending_past_its_declared_message_is_stopped(server):
