@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from django import forms
 
 from registry.choices import RollbackOrder
-from registry.roles import ROLES
+from registry.roles import ROLES, TEAM_ROLES
 from registry.routing import AnalysisPlan
 
 PLAN = AnalysisPlan()  # the automated canary's defaults, offered as the plan fields' initial values
@@ -16,7 +16,16 @@ PLAN = AnalysisPlan()  # the automated canary's defaults, offered as the plan fi
 class ModelCreateForm(forms.Form):
     name = forms.CharField(max_length=100, help_text="lowercase letters, digits, - _ .")
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}))
-    tags = forms.CharField(required=False, help_text="comma-separated, e.g. vision, team:ads")
+    tags = forms.CharField(required=False, help_text="comma-separated, e.g. vision, nlp")
+
+    def __init__(self, *args, teams: list[str] | None = None, **kwargs) -> None:
+        """`teams`: where the user may register a model; a choice when there are several."""
+        super().__init__(*args, **kwargs)
+        if teams and len(teams) > 1:
+            self.fields["team"] = forms.ChoiceField(
+                choices=[(t, t) for t in teams], label="Team",
+                initial="default" if "default" in teams else teams[0],
+                help_text="the team that owns the model: its members see and change it")
 
     def clean_tags(self) -> list[str]:
         return [t.strip() for t in self.cleaned_data["tags"].split(",") if t.strip()]
@@ -230,6 +239,35 @@ class UserCreateForm(forms.Form):
 
 class RoleForm(forms.Form):
     role = forms.ChoiceField(choices=[(r, r) for r in ROLES], label="Role")
+
+
+class TeamCreateForm(forms.Form):
+    name = forms.CharField(max_length=64, label="Team name",
+                           help_text="lowercase letters, digits, - _ .")
+    description = forms.CharField(required=False, max_length=500, label="Description")
+
+
+class MemberForm(forms.Form):
+    username = forms.CharField(max_length=150, label="User")
+    role = forms.ChoiceField(choices=[(r, r) for r in TEAM_ROLES], initial="viewer",
+                             label="Role in the team")
+
+    def __init__(self, *args, users: list[str] | None = None, **kwargs) -> None:
+        """`users`: offered as a picker (active users not yet in the team)."""
+        super().__init__(*args, **kwargs)
+        if users is not None:
+            self.fields["username"] = forms.ChoiceField(choices=[(u, u) for u in users],
+                                                        label="User")
+
+
+class MoveModelForm(forms.Form):
+    model = forms.CharField(max_length=100, label="Model")
+
+    def __init__(self, *args, models: list[str] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if models is not None:
+            self.fields["model"] = forms.ChoiceField(choices=[(m, m) for m in models],
+                                                     label="Model")
 
 
 class PredictKeyForm(forms.Form):

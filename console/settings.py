@@ -197,6 +197,8 @@ OIDC_GROUPS_CLAIM = env.str("MMC_OIDC_GROUPS_CLAIM", default="groups")
 OIDC_USERNAME_CLAIM = env.str("MMC_OIDC_USERNAME_CLAIM", default="preferred_username")
 # "ml-admins=admin,ml-eng=engineer,ml-read=viewer": provider group -> console role.
 OIDC_ROLE_MAP = env.dict("MMC_OIDC_ROLE_MAP", default={})
+# provider group -> "team:role" (a team role; the provider is the source of truth for those teams)
+OIDC_TEAM_MAP = env.dict("MMC_OIDC_TEAM_MAP", default={})
 OIDC_CREATE_USER = env.bool("MMC_OIDC_CREATE_USERS", default=True)
 OIDC_LABEL = env.str("MMC_OIDC_LABEL", default="Sign in with single sign-on")
 OIDC_RP_SIGN_ALGO = "RS256"  # only RS256 ID tokens, checked against the provider's JWKS
@@ -378,6 +380,16 @@ STORE_MIN_FREE_BYTES = env.int("MMC_STORE_MIN_FREE_BYTES", default=1024**3)
 # Versions validated before the weights hash existed get it in the background, this many per run.
 WEIGHTS_BACKFILL_SECONDS = env.float("MMC_WEIGHTS_BACKFILL_SECONDS", default=600.0)
 WEIGHTS_BACKFILL_BATCH = env.int("MMC_WEIGHTS_BACKFILL_BATCH", default=20)
+# Model quality (registry/monitoring/quality.py): how often feedback is joined with captured
+# predictions and quality computed (0: off), the width of one quality window, how far before a
+# feedback's arrival its captured prediction is looked for (and how long an unknown request id
+# is tried again), and the most labels one feedback request may carry.
+QUALITY_SECONDS = env.float("MMC_QUALITY_SECONDS", default=300.0)
+QUALITY_WINDOW_SECONDS = env.int("MMC_QUALITY_WINDOW_SECONDS", default=3600)
+FEEDBACK_LOOKBACK_SECONDS = env.int("MMC_FEEDBACK_LOOKBACK_SECONDS", default=86400)
+FEEDBACK_MAX_BATCH = env.int("MMC_FEEDBACK_MAX_BATCH", default=1000)
+# How often each deployed version's recent capture is compared with its baseline (0: off).
+DRIFT_SECONDS = env.float("MMC_DRIFT_SECONDS", default=300.0)
 # Periodic background tasks (registry/tasks.py): Celery beat runs them clustered, the embedded
 # process's scheduler thread otherwise.
 PERIODIC_TASKS = {"registry.rollout_tick": ROLLOUT_TICK_SECONDS,
@@ -386,7 +398,9 @@ PERIODIC_TASKS = {"registry.rollout_tick": ROLLOUT_TICK_SECONDS,
                   "registry.recovery_tick": RECOVERY_TICK_SECONDS,
                   "registry.gc_artifacts": GC_SECONDS,
                   "registry.metrics_compact": METRICS_COMPACT_SECONDS,
-                  "registry.weights_backfill": WEIGHTS_BACKFILL_SECONDS}
+                  "registry.weights_backfill": WEIGHTS_BACKFILL_SECONDS,
+                  "registry.quality_tick": QUALITY_SECONDS,
+                  "registry.drift_tick": DRIFT_SECONDS}
 CELERY_BEAT_SCHEDULE = {name: {"task": name, "schedule": seconds}
                         for name, seconds in PERIODIC_TASKS.items() if seconds > 0}
 # KServe export (registry/integrations/kserve.py): where InferenceServices find the artifact store

@@ -35,6 +35,8 @@ from mmc.resources import (
     Model,
     Plan,
     ShadowReport,
+    Team,
+    TeamMember,
     Token,
     User,
     Version,
@@ -48,6 +50,6 @@ __all__ = [
     "PayloadTooLarge", "Unprocessable", "RateLimited", "ServerError", "ServiceUnavailable",
     "InsufficientStorage", "ConnectionFailed", "WaitTimeout",
     "Alias", "ApiKey", "AuditEvent", "Convergence", "Dataset", "Download", "Endpoint", "Export",
-    "Job", "Me", "Model", "Plan", "ShadowReport", "Token", "User", "Version", "Webhook",
-    "WebhookDelivery",
+    "Job", "Me", "Model", "Plan", "ShadowReport", "Team", "TeamMember", "Token", "User",
+    "Version", "Webhook", "WebhookDelivery",
 ]

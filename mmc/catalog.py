@@ -44,9 +44,13 @@ class Catalog(Transport):
         return Model.of(self._call("GET", _model(name)))
 
     def create_model(self, name: str, *, description: str = "",
-                     tags: Sequence[str] = ()) -> Model:
-        return Model.of(self._call("POST", "models/", json={
-            "name": name, "description": description, "tags": list(tags)}))
+                     tags: Sequence[str] = (), team: str | None = None) -> Model:
+        """Register `name` in `team` (default: "default" where you may, else your only team
+        where you are an engineer)."""
+        body = {"name": name, "description": description, "tags": list(tags)}
+        if team is not None:
+            body["team"] = team
+        return Model.of(self._call("POST", "models/", json=body))
 
     def update_model(self, name: str, *, description: str | None = None,
                      tags: Sequence[str] | None = None,

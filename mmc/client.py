@@ -5,13 +5,18 @@ from __future__ import annotations
 
 from mmc.access import Access
 from mmc.as_code import AsCode
+from mmc.capture import Capture
 from mmc.catalog import Catalog
+from mmc.drift import Drift
 from mmc.integrations import Integrations
 from mmc.jobs import Jobs
+from mmc.quality import Quality
 from mmc.rollouts import Rollouts
+from mmc.teams import Teams
 
 
-class Client(Catalog, Rollouts, Jobs, Integrations, Access, AsCode):
+class Client(Catalog, Rollouts, Jobs, Integrations, Access, AsCode, Quality, Capture,
+             Drift, Teams):
     """A connection to one console's API with one token.
 
         with Client() as c:                     # MMC_URL/MMC_TOKEN, else `mmc login`'s

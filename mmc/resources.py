@@ -31,7 +31,11 @@ class Resource:
                 continue
             value = payload[f.name]
             kind = cls.nested.get(f.name)
-            values[f.name] = kind.of(value) if kind and isinstance(value, Mapping) else value
+            if kind and isinstance(value, list):
+                value = [kind.of(v) if isinstance(v, Mapping) else v for v in value]
+            elif kind and isinstance(value, Mapping):
+                value = kind.of(value)
+            values[f.name] = value
         return cls(raw=payload, **values)
 
 
@@ -41,6 +45,7 @@ class Model(Resource):
     description: str = ""
     tags: list[str] = field(default_factory=list)
     owner: str | None = None
+    team: str = ""
     archived: bool = False
     requires_approval: bool = False
     version_count: int = 0
@@ -172,7 +177,27 @@ class Me(Resource):
 
     username: str = ""
     role: str | None = None
+    teams: list[dict] = field(default_factory=list)  # [{"team", "role"}]
     token: Token | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TeamMember(Resource):
+    username: str = ""
+    role: str = ""  # viewer, engineer, approver, admin
+    source: str = ""  # "sso": set from the identity provider's groups
+
+
+@dataclass(frozen=True, kw_only=True)
+class Team(Resource):
+    nested = {"members": TeamMember}
+
+    name: str = ""
+    description: str = ""
+    created_at: str = ""
+    models: list[str] = field(default_factory=list)
+    members: list[TeamMember] = field(default_factory=list)
+    your_role: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

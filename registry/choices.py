@@ -99,3 +99,16 @@ class ApprovalState(ChoiceSet):
         APPROVED: "approved for promotion",
         REJECTED: "rejected: not to be promoted",
     })
+
+
+class TaskType(ChoiceSet):
+    """What a version's answers are, for model quality (registry/monitoring/quality.py): the
+    metrics its feedback is judged by. Empty on a version: inferred from its output signature."""
+
+    CLASSIFIER = "classifier", "classifier"
+    REGRESSOR = "regressor", "regressor"
+
+    HELP = nonmember({
+        CLASSIFIER: "labels are class indexes (or names): accuracy, macro F1, AUC",
+        REGRESSOR: "labels are numbers: RMSE, MAE",
+    })

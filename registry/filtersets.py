@@ -14,10 +14,11 @@ class ModelFilterSet(django_filters.FilterSet):
     search = django_filters.CharFilter(method="filter_search", label="name or description")
     tag = django_filters.CharFilter(method="filter_tag")
     archived = django_filters.BooleanFilter()
+    team = django_filters.CharFilter(field_name="team__name", label="owning team")
 
     class Meta:
         model = RegisteredModel
-        fields = ["search", "tag", "archived"]
+        fields = ["search", "tag", "archived", "team"]
 
     def filter_search(self, qs, name, value):
         return qs.filter(Q(name__icontains=value) | Q(description__icontains=value))

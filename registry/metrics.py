@@ -56,7 +56,8 @@ def record_samples(replica: str, versions: dict[str, dict], *, now: float | None
     rows = []
     for key, state in versions.items():
         stats = state.get("stats")
-        if not stats or not (stats["count"] or stats["errors"] or state.get("shadow")):
+        if not stats or not (stats["count"] or stats["errors"] or state.get("shadow")
+                             or state.get("mirror")):
             continue  # nothing counted since its counters started: a sample would say nothing
         model_name, _, version = key.rpartition(":")
         rows.append(MetricSample(
@@ -64,14 +65,14 @@ def record_samples(replica: str, versions: dict[str, dict], *, now: float | None
             count=stats["count"], errors=stats["errors"],
             latency_sum_s=stats.get("latency_sum_s", 0.0),
             latency_buckets=stats["latency_buckets"], counting_since=_since(stats),
-            shadow=state.get("shadow")))
+            shadow=state.get("shadow"), mirror=state.get("mirror")))
     # One statement per heartbeat, whatever the number of versions (a row per version and
     # transaction was what stopped bench/fanout.py at 1,000 endpoints).
     MetricSample.objects.bulk_create(
         rows, update_conflicts=True,
         unique_fields=["replica", "model_name", "version", "bucket"],
         update_fields=["at", "count", "errors", "latency_sum_s", "latency_buckets",
-                       "counting_since", "shadow"])
+                       "counting_since", "shadow", "mirror"])
 
 
 def _since(stats: dict) -> datetime | None:
@@ -99,6 +100,18 @@ def _summary(count: int, errors: int, hist: list[int], seconds: float) -> dict:
             "rps": count / seconds if seconds > 0 else 0.0}
 
 
+def replica_windows(rows, since_bucket: int):
+    """(latest, base) per replica of `rows` (MetricSample) with a sample at or after
+    `since_bucket`: its newest sample, and its newest one before the window (None: none), whose
+    cumulative counters subtracted give the window's part."""
+    for replica in rows.values_list("replica", flat=True).distinct():
+        mine = rows.filter(replica=replica)
+        latest = mine.order_by("-bucket").first()
+        if latest is None or latest.bucket < since_bucket:
+            continue
+        yield latest, mine.filter(bucket__lt=since_bucket).order_by("-bucket").first()
+
+
 def version_window(model: str, version: int, since: datetime) -> dict:
     """Requests, errors, latency quantiles and rate for one version since `since`, all replicas."""
     now = timezone.now()
@@ -107,12 +120,7 @@ def version_window(model: str, version: int, since: datetime) -> dict:
     count = errors = 0
     rate = 0.0
     hist = [0] * (len(LATENCY_BUCKETS_S) + 1)
-    for replica in rows.values_list("replica", flat=True).distinct():
-        mine = rows.filter(replica=replica)
-        latest = mine.order_by("-bucket").first()
-        if latest is None or latest.bucket < since_bucket:
-            continue
-        base = mine.filter(bucket__lt=since_bucket).order_by("-bucket").first()
+    for latest, base in replica_windows(rows, since_bucket):
         c, e, h = _delta(latest, base)
         count, errors = count + c, errors + e
         hist = [a + b for a, b in zip(hist, h, strict=False)]

@@ -16,6 +16,7 @@ from knox.models import AbstractAuthToken
 from registry.choices import (  # re-exported here
     ApprovalState,
     GraphOptimizationLevel,
+    TaskType,
     VersionStatus,
 )
 from registry.routing import RolloutState, Routing
@@ -27,8 +28,51 @@ SLUG = RegexValidator(
 )
 
 
+class Team(models.Model):
+    """Who owns models: a team's members hold a role in it (TeamMembership); its models are
+    seen and changed only by its members and global admins (registry.roles)."""
+
+    name = models.CharField(max_length=64, unique=True, validators=[SLUG])
+    description = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class TeamMembership(models.Model):
+    """One user's role in one team: viewer, engineer, approver or admin (registry.roles)."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="team_memberships")
+    role = models.CharField(max_length=16, choices=[(r, r) for r in
+                                                    ("viewer", "engineer", "approver", "admin")])
+    # "sso": set at sign-in from the identity provider's groups (MMC_OIDC_TEAM_MAP) and
+    # replaced at each sign-in; "": set by an admin in the console or the API.
+    source = models.CharField(max_length=8, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["team__name", "user__username"]
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="one_role_per_team")]
+
+
+def default_team_id() -> int:
+    """The team models belong to unless another is named (created by migration 0027)."""
+    return Team.objects.get_or_create(name=DEFAULT_TEAM)[0].pk
+
+
+DEFAULT_TEAM = "default"
+
+
 class RegisteredModel(models.Model):
     name = models.CharField(max_length=100, unique=True, validators=[SLUG])
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="models",
+                             default=default_team_id)
     description = models.TextField(blank=True, default="")
     tags = models.JSONField(default=list, blank=True)
     owner = models.ForeignKey(
@@ -102,6 +146,9 @@ class ModelVersion(models.Model):
     # requires approval.
     approval = models.CharField(max_length=8, choices=ApprovalState.choices,
                                 default=ApprovalState.PENDING)
+    # What its answers are, for model quality; "" = inferred from the output signature
+    # (registry/monitoring/quality.py task_of).
+    task = models.CharField(max_length=10, choices=TaskType.choices, blank=True, default="")
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
         related_name="+",
@@ -198,6 +245,14 @@ class Endpoint(RateLimits):
     # refused (401). Set by creating a key or by "protect", cleared only by "open" (audited):
     # revoking the last key never opens an endpoint.
     protected = models.BooleanField(default=False)
+    # Data capture (registry.services.capture): the share of requests recorded (0: off),
+    # which tensors, the most tensor bytes one record keeps, and how long records are kept.
+    capture_percent = models.DecimalField(max_digits=6, decimal_places=3, default=0)
+    capture_mode = models.CharField(max_length=7, default="both",
+                                    choices=[("inputs", "inputs"), ("outputs", "outputs"),
+                                             ("both", "both")])
+    capture_max_bytes = models.PositiveIntegerField(default=65536)
+    capture_retention_days = models.PositiveIntegerField(default=30)
 
     class Meta:
         constraints = [
@@ -371,6 +426,9 @@ class MetricSample(models.Model):
         null=True, blank=True, help_text="when the replica's counters for this version started: "
                                          "the span of its first sample")
     shadow = models.JSONField(null=True, blank=True)
+    # A candidate's answers compared with the stable's on a mirrored slice of its traffic
+    # (cumulative counters, serving/core/mirror.py), read by the canary analysis.
+    mirror = models.JSONField(null=True, blank=True)
     level = models.PositiveSmallIntegerField(
         default=0, help_text="history tier: 1 = last sample of its minute, 2 = of its 10 minutes "
                              "(registry/metrics_retention.py keeps each tier for its own time)")
@@ -627,3 +685,128 @@ class WebhookAttempt(models.Model):
         ordering = ["delivery", "number"]
         constraints = [models.UniqueConstraint(fields=["delivery", "number"],
                                                name="webhook_attempt_unique")]
+
+
+class FeedbackStatus(models.TextChoices):
+    PENDING = "pending"   # not joined yet
+    JOINED = "joined"     # its captured prediction was found
+    UNKNOWN = "unknown"   # no captured prediction with its request id (tried again a while)
+
+
+class Feedback(models.Model):
+    """Ground truth for one answered request (by request id), joined with what the version that
+    answered it said (registry/monitoring/feedback.py). The first label of a request id is kept;
+    later posts of the same id only count as duplicates."""
+
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="feedback")
+    request_id = models.CharField(max_length=128)
+    label = models.JSONField()
+    received_at = models.DateTimeField(default=timezone.now)
+    duplicates = models.PositiveIntegerField(default=0)
+    status = models.CharField(max_length=8, choices=FeedbackStatus.choices,
+                              default=FeedbackStatus.PENDING)
+    # From the captured record, once joined: who answered, when, and the answer's first output.
+    version = models.PositiveIntegerField(null=True, blank=True)
+    role = models.CharField(max_length=16, blank=True, default="")
+    predicted_at = models.DateTimeField(null=True, blank=True)
+    prediction = models.JSONField(null=True, blank=True)
+    # Joined into a quality window that had already been computed: counted, and that window
+    # is computed again on the next run.
+    late = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["model", "request_id"],
+                                               name="feedback_request_unique")]
+        indexes = [models.Index(fields=["model", "status"], name="feedback_status"),
+                   models.Index(fields=["model", "version", "predicted_at"],
+                                name="feedback_version_time")]
+
+
+class QualityPoint(models.Model):
+    """One version's model quality over one window of prediction time, from joined feedback."""
+
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE,
+                              related_name="quality_points")
+    version = models.PositiveIntegerField()
+    window_start = models.DateTimeField()
+    window_seconds = models.PositiveIntegerField()
+    task = models.CharField(max_length=10, choices=TaskType.choices)
+    count = models.PositiveIntegerField(default=0)
+    metrics = models.JSONField(default=dict)  # accuracy/f1/auc or rmse/mae (None: undefined)
+    late = models.PositiveIntegerField(default=0)
+    computed_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["model", "version", "window_start"]
+        constraints = [models.UniqueConstraint(fields=["model", "version", "window_start"],
+                                               name="quality_point_unique")]
+
+
+class Baseline(models.Model):
+    """Statistics of a version's input features and outputs (registry.monitoring.stats), from an
+    uploaded dataset or from captured traffic in a window; what drift compares recent traffic
+    with. One per version: a new one replaces it."""
+
+    version = models.OneToOneField(ModelVersion, on_delete=models.CASCADE, related_name="baseline")
+    source = models.CharField(max_length=8, choices=[("dataset", "dataset"),
+                                                     ("capture", "capture")])
+    dataset = models.ForeignKey(Dataset, null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="+")
+    window_start = models.DateTimeField(null=True, blank=True)
+    window_end = models.DateTimeField(null=True, blank=True)
+    rows = models.PositiveBigIntegerField(default=0)
+    features = models.JSONField(default=dict)  # {"inputs": {feature: summary}, "outputs": {...}}
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class DriftSettings(models.Model):
+    """An endpoint's drift thresholds (registry.services.drift: defaults and ranges)."""
+
+    endpoint = models.OneToOneField(Endpoint, on_delete=models.CASCADE,
+                                    related_name="drift_settings")
+    psi_threshold = models.FloatField(default=0.2)
+    p_value = models.FloatField(default=0.01)
+    window_minutes = models.PositiveIntegerField(default=60)
+    min_samples = models.PositiveIntegerField(default=200)
+
+
+class DriftEpisode(models.Model):
+    """A stretch of windows in which some feature of a version drifted; open while ended_at is
+    null. Audited (and a monitor.drift webhook) once when it starts, once when it ends."""
+
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE,
+                              related_name="drift_episodes")
+    version = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    features = models.JSONField(default=list)
+
+    class Meta:
+        ordering = ["model", "version", "-started_at"]
+        constraints = [models.UniqueConstraint(fields=["model", "version"],
+                                               condition=Q(ended_at__isnull=True),
+                                               name="one_open_drift_episode")]
+
+
+class DriftPoint(models.Model):
+    """One feature of one version compared with its baseline over the window ending at
+    window_end: PSI on the baseline's bins and a two-sample test (KS or chi-square)."""
+
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE,
+                              related_name="drift_points")
+    version = models.PositiveIntegerField()
+    feature = models.CharField(max_length=200)
+    part = models.CharField(max_length=7, default="inputs")
+    window_end = models.DateTimeField()
+    psi = models.FloatField()
+    statistic = models.FloatField()
+    p_value = models.FloatField()
+    n = models.PositiveIntegerField()
+    drifted = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["model", "version", "window_end", "feature"]
+        indexes = [models.Index(fields=["model", "version", "window_end"],
+                                name="drift_point_time")]

@@ -5,6 +5,8 @@
                                                      "same": true when nothing changed)
     DELETE /api/v1/replica/heartbeats/<replica>     (a graceful stop)
     GET    /api/v1/replica/artifacts/<sha256>       (an artifact the desired state references)
+    POST   /api/v1/replica/capture                  (captured requests: gzip JSON Lines,
+                                                     registry.monitoring.capture_store)
 
 Every call shows a replica credential (`Authorization: Bearer mmcr_…`, or MMC_REPLICA_TOKEN),
 which is good here and nowhere else; an API token or a session is refused here (401).
@@ -45,6 +47,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from registry.logfilters import database_unavailable
+from registry.monitoring import capture_check, capture_store
 from registry.notify import current_revision, listen_redis, subscribe_in_process
 from registry.services import analysis_watch
 from registry.services.replicas import (
@@ -66,6 +69,11 @@ ARTIFACT = re.compile(r"^artifacts/([0-9a-f]{64})$")
 #: The largest heartbeat body read (a replica serving 1,000 versions sends ~1 MB).
 MAX_HEARTBEAT_BYTES = 8 * 1024 * 1024
 CHUNK = 1024 * 1024
+#: The largest capture body read (one Parquet file), what its footer may say it takes once
+#: decompressed and decoded, and the records in one (registry.monitoring.capture_check).
+MAX_CAPTURE_BYTES = 16 * 1024 * 1024
+MAX_CAPTURE_DECODED_BYTES = 128 * 1024 * 1024
+MAX_CAPTURE_RECORDS = 20000
 #: How long a credential found good (or bad) is believed before the database is asked again:
 #: a revoked one is refused at most this long after (a waiting poll too, before it answers).
 CREDENTIAL_TTL_S = 5.0
@@ -168,7 +176,10 @@ class ReplicaApi:
                 return await self._heartbeat(match[1], headers, receive, send)
             if (match := ARTIFACT.match(rest)) and method == "GET":
                 return await self._artifact(match[1], send)
-            known = rest == "desired-state" or HEARTBEAT.match(rest) or ARTIFACT.match(rest)
+            if rest == "capture" and method == "POST":
+                return await self._capture(name, headers, receive, send)
+            known = rest in ("desired-state", "capture") or HEARTBEAT.match(rest) \
+                or ARTIFACT.match(rest)
             return await self._error(send, 405 if known else 404,
                                      f"{method} {scope['path']} is not part of the replica API")
         except Exception as exc:
@@ -308,19 +319,26 @@ class ReplicaApi:
         finally:
             slots.release()
 
-    async def _heartbeat_in_slot(self, replica: str, receive, send, *,
-                                 small: bool = False) -> None:
+    async def _body(self, receive, send, limit: int, what: str) -> bytearray | None:
+        """The request body, at most `limit` bytes; None when the client went away or the body
+        was too large (answered 413 here)."""
         body = bytearray()
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return
+                return None
             body += message.get("body", b"")
-            if len(body) > MAX_HEARTBEAT_BYTES:
-                return await self._error(send, 413, f"a heartbeat is at most "
-                                         f"{MAX_HEARTBEAT_BYTES} bytes")
+            if len(body) > limit:
+                await self._error(send, 413, f"{what} is at most {limit} bytes")
+                return None
             if not message.get("more_body"):
-                break
+                return body
+
+    async def _heartbeat_in_slot(self, replica: str, receive, send, *,
+                                 small: bool = False) -> None:
+        body = await self._body(receive, send, MAX_HEARTBEAT_BYTES, "a heartbeat")
+        if body is None:
+            return
         try:
             doc = orjson.loads(body)
             observed = decode_observed(doc, replica=replica)
@@ -377,6 +395,32 @@ class ReplicaApi:
             for observed, _, done in batch:
                 if not done.done():
                     done.set_result(observed.replica in touched)
+
+    # -- capture -------------------------------------------------------------------------------
+
+    async def _capture(self, replica: str, headers, receive, send) -> None:
+        """A capture file a replica flushed: read within MAX_CAPTURE_BYTES, checked off the
+        event loop (footer first: rows, schema, decoded bytes; then values), and stored as it
+        came."""
+        declared = headers.get(b"content-length")
+        if declared is not None and (not declared.isdigit()
+                                     or int(declared) > MAX_CAPTURE_BYTES):
+            return await self._error(send, 413, f"a capture body is at most {MAX_CAPTURE_BYTES} "
+                                     "bytes")
+        body = await self._body(receive, send, MAX_CAPTURE_BYTES, "a capture body")
+        if body is None:
+            return
+        payload = bytes(body)
+        try:
+            checked = await self._db(capture_check.check, payload,
+                                     max_records=MAX_CAPTURE_RECORDS,
+                                     max_decoded_bytes=MAX_CAPTURE_DECODED_BYTES)
+        except capture_check.BadCapture as exc:
+            return await self._error(send, 400, f"not a capture file: {exc}"[:500])
+        if checked.rows:
+            await self._db(capture_store.put_file, model=checked.model,
+                           first_ts=checked.first_ts, payload=payload, writer=replica)
+        await self._answer(send, 204)
 
     # -- artifacts -----------------------------------------------------------------------------
 

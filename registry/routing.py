@@ -51,6 +51,23 @@ class AnalysisPlan:
     min_p99_increase_ms: float = 1.0
     max_error_rate: float = 0.01
     min_requests: int = 100
+    # Judged by its answers (registry/monitoring/agreement.py), each check off while None: a
+    # mirrored share of the stable's requests also runs on the candidate (never returned), and
+    # the two answers are compared once `min_compared` rows were; feedback joined in time
+    # compares their quality once each has `min_feedback` labels.
+    mirror_percent: int = 0
+    min_compared: int = 50
+    min_agreement: float | None = None             # classifiers: share of equal argmax
+    max_abs_diff: float | None = None              # regressors: largest |candidate - stable|
+    max_mean_abs_diff: float | None = None
+    max_distribution_distance: float | None = None  # Jensen-Shannon distance, 0..1
+    max_quality_drop: float | None = None          # stable's metric - candidate's (worse side)
+    min_feedback: int = 30
+
+    # (key, lowest, highest) of the optional answer checks; None: no upper bound
+    ANSWER_CHECKS = (("min_agreement", 0, 1), ("max_abs_diff", 0, None),
+                     ("max_mean_abs_diff", 0, None), ("max_distribution_distance", 0, 1),
+                     ("max_quality_drop", 0, None))
 
     @classmethod
     def clean(cls, raw: object) -> AnalysisPlan:
@@ -76,14 +93,60 @@ class AnalysisPlan:
             if isinstance(value, bool) or not isinstance(value, int | float) or value < low:
                 raise InvalidRequest(f"plan.{key} must be a number >= {low}", field="plan")
             values[key] = value
+        answers = cls._clean_answer_checks(raw)
         return cls(steps=tuple(steps), bake_seconds=float(values["bake_seconds"]),
                    max_p99_ratio=values["max_p99_ratio"],
                    min_p99_increase_ms=float(values["min_p99_increase_ms"]),
                    max_error_rate=values["max_error_rate"],
-                   min_requests=int(values["min_requests"]))
+                   min_requests=int(values["min_requests"]), **answers)
+
+    @classmethod
+    def _clean_answer_checks(cls, raw: dict) -> dict:
+        """The agreement and quality fields, each refused with its own name."""
+        out: dict = {}
+        for key, low, high in (("mirror_percent", 0, 100), ("min_compared", 0, None),
+                               ("min_feedback", 1, None)):
+            value = raw.get(key, getattr(cls, key))
+            if (isinstance(value, bool) or not isinstance(value, int) or value < low
+                    or (high is not None and value > high)):
+                span = f"from {low} to {high}" if high is not None else f">= {low}"
+                raise InvalidRequest(f"plan.{key} must be a whole number {span}",
+                                     field=f"plan.{key}")
+            out[key] = value
+        for key, low, high in cls.ANSWER_CHECKS:
+            value = raw.get(key)
+            if value is None:
+                out[key] = None
+                continue
+            if (isinstance(value, bool) or not isinstance(value, int | float) or value < low
+                    or (high is not None and value > high)):
+                span = f"from {low} to {high}" if high is not None else f">= {low}"
+                raise InvalidRequest(f"plan.{key} must be a number {span} (or null: not "
+                                     f"checked)", field=f"plan.{key}")
+            out[key] = float(value)
+        agreement = any(out[k] is not None for k in ("min_agreement", "max_abs_diff",
+                                                     "max_mean_abs_diff",
+                                                     "max_distribution_distance"))
+        if agreement and not out["mirror_percent"]:
+            raise InvalidRequest("plan.mirror_percent must be 1-100 when an agreement check "
+                                 "(min_agreement, max_abs_diff, max_mean_abs_diff, "
+                                 "max_distribution_distance) is set: the candidate answers "
+                                 "only what is mirrored to it", field="plan.mirror_percent")
+        return out
+
+    @property
+    def judges_answers(self) -> bool:
+        return any(getattr(self, key) is not None for key, _, _ in self.ANSWER_CHECKS)
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "steps": list(self.steps)}
+        """The plan as JSON; the answer checks only where set (a plan without them reads, is
+        stored and exported as before they existed)."""
+        out = {**asdict(self), "steps": list(self.steps)}
+        for key in ("mirror_percent", "min_compared", "min_feedback",
+                    *(k for k, _, _ in self.ANSWER_CHECKS)):
+            if out[key] == getattr(AnalysisPlan, key):
+                del out[key]
+        return out
 
 
 def _time(value: str | None) -> datetime | None:

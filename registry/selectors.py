@@ -12,6 +12,7 @@ from django.db.models import Count, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from registry import roles
 from registry.choices import ApprovalState
 from registry.errors import LifecycleError, NotFound
 from registry.models import (
@@ -19,6 +20,7 @@ from registry.models import (
     ApiToken,
     AuditEvent,
     ConfigSearch,
+    Dataset,
     Endpoint,
     EndpointApiKey,
     Job,
@@ -26,6 +28,7 @@ from registry.models import (
     RegisteredModel,
     ReplicaCredential,
     ReplicaHeartbeat,
+    Team,
     VersionStatus,
 )
 from serving.core.desired_state import SCALED_TO_ZERO
@@ -42,7 +45,7 @@ def model_list() -> QuerySet[RegisteredModel]:
     latest = versions.order_by("-number")
     count = versions.values("model").annotate(n=Count("pk")).values("n")[:1]
     return (RegisteredModel.objects
-            .select_related("owner", "endpoint__stable", "endpoint__candidate")
+            .select_related("owner", "team", "endpoint__stable", "endpoint__candidate")
             .annotate(version_count=Coalesce(Subquery(count), 0),
                       latest_version=Subquery(latest.values("number")[:1]),
                       latest_status=Subquery(latest.values("status")[:1]))
@@ -261,8 +264,51 @@ def user_get(username: str):
     return user
 
 
-def audit_list() -> QuerySet[AuditEvent]:
-    return AuditEvent.objects.all()
+def audit_list(user=None) -> QuerySet[AuditEvent]:
+    """Audit events: all of them for a global admin (or no user: the system); for a team admin,
+    those about the models and the teams where they are admin."""
+    events = AuditEvent.objects.all()
+    teams = None if user is None else roles.teams_where(user, "admin")
+    if teams is None:
+        return events
+    names = RegisteredModel.objects.filter(team_id__in=teams).values_list("name", flat=True)
+    team_names = Team.objects.filter(pk__in=teams).values_list("name", flat=True)
+    return events.filter(Q(model_name__in=names) & ~Q(model_name="")
+                         | Q(target_type="team", target__in=team_names))
+
+
+def may_read_audit(user) -> bool:
+    """A global admin, or an admin of a team (who reads that team's part)."""
+    teams = roles.teams_where(user, "admin")
+    return teams is None or bool(teams)
+
+
+def team_list(user) -> list[Team]:
+    """The teams the user holds a role in (every team for a global admin), each with
+    `model_count` and `member_count`."""
+    ids = roles.teams_where(user)
+    rows = Team.objects.all() if ids is None else Team.objects.filter(pk__in=ids)
+    return list(rows.annotate(model_count=Count("models", distinct=True),
+                              member_count=Count("memberships", distinct=True))
+                .order_by("name"))
+
+
+def my_teams(user) -> list[dict]:
+    """[{"team", "role"}] for each team the user holds a role in (every team for an admin)."""
+    held = roles.team_roles(user)
+    if roles.is_admin(user):
+        return [{"team": t.name, "role": "admin"} for t in Team.objects.all()]
+    names = dict(Team.objects.filter(pk__in=held).values_list("pk", "name"))
+    return sorted(({"team": names[t], "role": r} for t, r in held.items() if t in names),
+                  key=lambda row: row["team"])
+
+
+def visible_replica_versions(versions: dict, user) -> dict:
+    """A replica's {"model:version": …} report without the models the user may not see."""
+    names = roles.visible_model_names(user)
+    if names is None:
+        return versions
+    return {k: v for k, v in versions.items() if k.rpartition(":")[0] in names}
 
 
 def replicas(*, include_lost: bool = False) -> list[ReplicaHeartbeat]:
@@ -330,9 +376,12 @@ def _lost_cutoff():
     return timezone.now() - timedelta(seconds=settings.REPLICA_STALE_SECONDS)
 
 
-def job_list(*, kind: str = "", status: str = "", model: str = "") -> QuerySet[Job]:
-    """Jobs, newest first, narrowed by kind, status and model name (blank = any)."""
+def job_list(*, kind: str = "", status: str = "", model: str = "", user=None) -> QuerySet[Job]:
+    """Jobs, newest first, narrowed by kind, status and model name (blank = any), and to the
+    models of the teams where `user` (when given) is an engineer: jobs are engineers' work."""
     qs = Job.objects.select_related("version__model", "created_by", "dataset")
+    if user is not None:
+        qs = roles.visible_by_model(qs, user, "version__model", "engineer")
     if kind:
         qs = qs.filter(kind=kind)
     if status:
@@ -342,8 +391,18 @@ def job_list(*, kind: str = "", status: str = "", model: str = "") -> QuerySet[J
     return qs
 
 
-def job_get(job_id) -> Job:
-    job = job_list().filter(pk=job_id).first()
+def dataset_list(user=None) -> QuerySet[Dataset]:
+    """Datasets: every one for a global admin (or the system); else the user's own uploads and
+    those that jobs of their teams' models (where they are engineers) read."""
+    qs = Dataset.objects.select_related("created_by")
+    teams = None if user is None else roles.teams_where(user, "engineer")
+    if teams is None:
+        return qs
+    return qs.filter(Q(created_by=user) | Q(jobs__version__model__team_id__in=teams)).distinct()
+
+
+def job_get(job_id, user=None) -> Job:
+    job = job_list(user=user).filter(pk=job_id).first()
     if job is None:
         raise NotFound(f"job {job_id} does not exist", field="job")
     return job

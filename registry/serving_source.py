@@ -32,6 +32,7 @@ from registry.services.loadtests import versions_under_test
 from registry.services.pipelines import batch_size
 from registry.services.replicas import heartbeat_store, replica_leave
 from registry.store.artifacts import ArtifactUnavailable, default_store
+from serving.core.capture import CAPTURE_OFF, CaptureFile, CaptureSettings
 from serving.core.desired_state import (
     BatchingConfig,
     DesiredState,
@@ -130,7 +131,8 @@ def build_desired_state() -> DesiredState:
         route = model_route(ep.model.name, ready, keys.get(ep.pk, {}),
                             keys_required=settings.REQUIRE_PREDICT_KEYS or ep.protected,
                             limits=ep.limits,
-                            scale_to_zero_after_s=ep.scale_to_zero_after_seconds)
+                            scale_to_zero_after_s=ep.scale_to_zero_after_seconds,
+                            capture=capture_settings(ep))
         if not route.versions():
             idle[route.model] = route  # serves nothing, yet its keys and limits bind its steps
             continue
@@ -157,16 +159,28 @@ def _with_tests(routing: Routing[int], testing: set[int] | None) -> Routing[int]
 
 def model_route(model: str, routing: Routing[ModelVersion], keys: dict[str, PredictKey], *,
                 keys_required: bool = False, limits: Limits = NO_LIMITS,
-                scale_to_zero_after_s: float = 0) -> ModelRoute:
+                scale_to_zero_after_s: float = 0,
+                capture: CaptureSettings = CAPTURE_OFF) -> ModelRoute:
     """The data plane's route for one model: the one place registry routing meets serving's.
     `keys`: the active predict keys by hash, each with its label (prefix) and limits."""
     ref = routing.map(lambda v: str(v.number))
+    analysis = ref.rollout.analysis
+    mirror = (analysis.plan.mirror_percent
+              if ref.candidate and analysis is not None and not analysis.paused else 0)
     return ModelRoute(
         model=model, stable=ref.stable, candidate=ref.candidate,
         candidate_weight=ref.candidate_weight if ref.candidate else 0,
         blue=ref.blue, green=ref.green, live_color=ref.live_color or None, shadow=ref.shadow,
-        warm=ref.warm, api_key_hashes=frozenset(keys), keys_required=keys_required,
-        limits=limits, keys=dict(keys), scale_to_zero_after_s=scale_to_zero_after_s)
+        warm=ref.warm, mirror_percent=mirror, api_key_hashes=frozenset(keys),
+        keys_required=keys_required,
+        limits=limits, keys=dict(keys), scale_to_zero_after_s=scale_to_zero_after_s,
+        capture=capture)
+
+
+def capture_settings(endpoint) -> CaptureSettings:
+    """An endpoint's capture columns as its route carries them to replicas."""
+    return CaptureSettings(percent=float(endpoint.capture_percent), mode=endpoint.capture_mode,
+                           max_bytes=endpoint.capture_max_bytes)
 
 
 class RegistrySource:
@@ -212,6 +226,12 @@ class RegistrySource:
             default_store().local_path(spec.sha256)
         except ArtifactUnavailable as exc:
             raise LoadFailed(str(exc)) from None
+
+    def store_capture(self, file: CaptureFile) -> None:
+        """A capture file straight into the artifact store (this replica has the registry's
+        settings); called on the capture queue's flusher thread, never on a request."""
+        from registry.monitoring.capture_store import store_file
+        store_file(file, writer=f"{self.address}-{os.getpid()}")
 
     def leave(self, replica: str) -> None:
         """A graceful shutdown: drop this replica's heartbeat, so it is not shown as lost."""

@@ -80,9 +80,14 @@ def recovery_tick_task() -> dict:
 
 @task("registry.gc_artifacts", ignore_result=True)
 def gc_artifacts_task() -> int:
-    """Periodic: remove artifact blobs no version references, once past the grace period."""
+    """Periodic: remove artifact blobs no version references, once past the grace period, and
+    captured requests older than their endpoint's retention."""
+    from registry.monitoring.capture import prune_capture
+
     grace = timedelta(seconds=settings.GC_GRACE_SECONDS)
-    return len(collect_garbage(grace=grace)["blobs"])
+    removed = len(collect_garbage(grace=grace)["blobs"])
+    prune_capture()
+    return removed
 
 
 @task("registry.metrics_compact", ignore_result=True)
@@ -102,3 +107,19 @@ def weights_backfill_task() -> int:
 def _recover_on_worker_start(**_kwargs) -> None:
     recover_validations()
     housekeeping.recover_jobs()
+
+
+@task("registry.drift_tick", ignore_result=True)
+def drift_tick_task() -> dict:
+    """Periodic: compare each deployed version's recent capture with its baseline."""
+    from registry.services.drift import drift_tick
+
+    return drift_tick()
+
+
+@task("registry.quality_tick", ignore_result=True)
+def quality_tick_task() -> dict:
+    """Periodic: join feedback with captured predictions, compute each version's quality."""
+    from registry.monitoring import quality
+
+    return quality.run()

@@ -188,7 +188,7 @@ def test_the_uploader_may_not_approve_their_own_version(team):
 
 
 def test_a_viewer_may_not_decide(team):
-    with pytest.raises(Forbidden, match="engineer or admin role"):
+    with pytest.raises(Forbidden, match="approver role"):
         services.version_approve(model_name=M, number=2, actor=team["vic"])
 
 

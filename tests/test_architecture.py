@@ -17,15 +17,15 @@ PACKAGES = ("registry", "serving")
 
 # registry's layers, lowest first: a module imports only from its own layer or the ones below.
 LAYERS = [
-    ("registry.errors", "registry.routing", "registry.roles", "registry.logfilters"),
+    ("registry.errors", "registry.routing", "registry.logfilters"),
     ("registry.choices", "registry.models", "registry.evaluation"),
-    ("registry.audit", "registry.notify", "registry.background", "registry.store",
+    ("registry.audit", "registry.roles", "registry.notify", "registry.background", "registry.store",
      "registry.signatures", "registry.equivalence", "registry.metrics", "registry.selectors",
      "registry.convergence", "registry.samples", "registry.filtersets", "registry.ticks",
      "registry.batching"),
     ("registry.validation", "registry.metrics_retention"),
     ("registry.integrations",),
-    ("registry.jobs",),
+    ("registry.jobs", "registry.monitoring"),
     ("registry.services",),
     ("registry.tasks", "registry.serving_source", "registry.replica_api", "registry.api",
      "registry.cli", "registry.admin", "registry.middleware", "registry.management",

@@ -156,6 +156,32 @@ def test_apply_makes_the_registry_what_the_file_says_through_the_audited_service
 
 
 @pytest.mark.django_db
+def test_capture_settings_are_applied_through_the_capture_service_and_exported():
+    make_model("fraud")
+    file = {"models": {"fraud": {"endpoint": {"stable": 1, "capture": {
+        "percent": 12.5, "mode": "inputs", "retention_days": 14}}}}}
+    outcome = apply(file)
+    endpoint = next(c for c in outcome["changes"] if c["resource"] == "endpoint fraud")
+    assert endpoint["after"]["capture"] == {"percent": 12.5, "mode": "inputs",
+                                            "retention_days": 14}
+    assert "capture percent 12.5, mode inputs, retention_days 14" in endpoint["steps"]
+    ep = Endpoint.objects.get(model__name="fraud")
+    assert (float(ep.capture_percent), ep.capture_mode, ep.capture_retention_days) == (
+        12.5, "inputs", 14)
+    event = AuditEvent.objects.get(action="endpoint.capture")
+    assert event.after == {"percent": 12.5, "mode": "inputs", "retention_days": 14}
+    assert apply(file)["changes"] == []  # idempotent
+    exported = yaml.safe_load(as_code.export_text(include_webhooks=False, schema_url="x"))
+    assert exported["models"]["fraud"]["endpoint"]["capture"] == {
+        "percent": 12.5, "mode": "inputs", "max_bytes": 65536, "retention_days": 14}
+    assert exported["models"]["fraud"]["team"] == "default"
+    assert plan(exported)["changes"] == []  # export, then plan: no change
+    with pytest.raises(InvalidRequest, match="at most three decimals") as refused:
+        apply({"models": {"fraud": {"endpoint": {"capture": {"percent": 0.0001}}}}})
+    assert refused.value.field == "percent"
+
+
+@pytest.mark.django_db
 def test_a_second_apply_changes_nothing_and_says_so():
     make_model("fraud")
     apply(FRAUD, source="one")
@@ -450,8 +476,13 @@ def test_webhooks_need_the_admin_role(users, outbound_allowed):
      "models.fraud.endpoint.weight", "must be an integer from 0 to 100"),
     ({"models": {"fraud": {"endpoint": {"stable": 1, "wieght": 10}}}},
      "models.fraud.endpoint.wieght", "unknown key (known keys: analysis, blue_green, "
-                                     "candidate, rate_limits, scale_to_zero_after_seconds, "
-                                     "shadow, stable, weight)"),
+                                     "candidate, capture, rate_limits, "
+                                     "scale_to_zero_after_seconds, shadow, stable, weight)"),
+    ({"models": {"fraud": {"endpoint": {"capture": {"percent": 120}}}}},
+     "models.fraud.endpoint.capture.percent", "must be a number from 0 to 100"),
+    ({"models": {"fraud": {"endpoint": {"capture": {"mode": "all"}}}}},
+     "models.fraud.endpoint.capture.mode", "must be inputs, outputs or both"),
+    ({"models": {"fraud": {"team": "Risk Team"}}}, "models.fraud.team", "must be a team name"),
     ({"models": {"fraud": {"tags": "risk"}}}, "models.fraud.tags", "must be a list of tags"),
     ({"models": {"Fraud!": {}}}, "models.Fraud!", "a model name is 1-100 lowercase letters, "
                                                   "digits, '-', '_' or '.', starting with a "
@@ -474,8 +505,8 @@ def test_webhooks_need_the_admin_role(users, outbound_allowed):
     ({"webhooks": [{"url": "http://x", "events": ["canary.started", "bogus"]}]},
      "webhooks[0].events[1]", "must be one of bluegreen.switched, canary.promoted, "
                               "canary.rolled_back, canary.started, endpoint.rolled_back, "
-                              "job.finished, ping, version.approved, version.failed, "
-                              "version.ready, version.rejected"),
+                              "job.finished, monitor.drift, ping, version.approved, "
+                              "version.failed, version.ready, version.rejected"),
     ({"webhooks": [{"url": "http://x"}, {"url": "http://x"}]},
      "webhooks[1].url", "is also webhooks[0]'s: a webhook is known by its url"),
     ({"modles": {}}, "modles", "unknown key (known keys: $schema, format, models, webhooks)"),
@@ -774,7 +805,7 @@ def test_the_console_lists_the_last_applies_with_their_diff(users, outbound_allo
     assert ('<td class="muted" title="unchanged"><code>stable</code></td>'
             '<td class="mono muted">1</td>') in html
     assert "<li>deploy version 1 as the stable</li>" in html
-    assert "http://127.0.0.1:9/hook" not in html and "and 1 webhook change" in html
+    assert "http://127.0.0.1:9/hook" not in html and "and 1 change you may not see" in html
     assert 'href="/applies/"' in html  # in the nav for engineers
     assert "http://127.0.0.1:9/hook" in page("admin")
     viewer = Client()

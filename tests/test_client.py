@@ -290,6 +290,23 @@ def test_blue_green_and_shadow(admin):
     assert admin.stop_shadow("spec-bg", reason="seen enough", wait=30).shadow is None
 
 
+def test_feedback_quality_and_a_versions_task(admin):
+    ready(admin, "spec-quality", samples.mlp(seed=1, n_out=3))
+    sent = admin.send_feedback("spec-quality", {"req-1": 0, "req-2": 2})
+    assert sent == {"accepted": 2, "duplicate": 0}
+    assert admin.send_feedback("spec-quality", [("req-1", 1)]) == {"accepted": 0,
+                                                                   "duplicate": 1}
+    with pytest.raises(mmc.BadRequest) as refused:
+        admin.send_feedback("spec-quality", {"req-3": {"not": "a label"}})
+    assert refused.value.field == "feedback[0].label"
+    body = b'{"feedback": [{"request_id": "req-3", "label": 1}]}'
+    assert admin.send_feedback("spec-quality", body) == {"accepted": 1, "duplicate": 0}
+    assert admin.set_task("spec-quality", 1, "regressor")["effective"] == "regressor"
+    assert admin.set_task("spec-quality", 1, "")["effective"] == "classifier"
+    report = admin.quality("spec-quality", seconds=3600)
+    assert report["feedback"]["received"] == 3 and report["feedback"]["duplicates"] == 1
+
+
 def test_keys_limits_and_scale_to_zero(admin):
     ready(admin, "spec-keys", samples.scale(2.0))
     admin.deploy("spec-keys", 1)
@@ -304,6 +321,40 @@ def test_keys_limits_and_scale_to_zero(admin):
     assert (ep.limits["rps"], ep.limits["burst"], ep.limits["daily_quota"]) == (50, 10, 1000)
     ep = admin.set_scale_to_zero("spec-keys", 600, wait=30)
     assert ep.scale_to_zero["after_seconds"] == 600 and ep.converged
+
+
+def test_data_capture_settings(admin):
+    ready(admin, "spec-capture", samples.scale(2.0))
+    admin.deploy("spec-capture", 1)
+    assert admin.get_capture("spec-capture")["percent"] == 0
+    body = admin.set_capture("spec-capture", percent=2.5, mode="inputs", retention_days=3)
+    assert (body["percent"], body["mode"], body["retention_days"], body["enabled"]) == (
+        2.5, "inputs", 3, True)
+    with pytest.raises(mmc.BadRequest, match="max_bytes"):
+        admin.set_capture("spec-capture", max_bytes=-1)
+    assert admin.get_capture("spec-capture")["max_bytes"] == 65536
+
+
+def test_baseline_and_drift_thresholds(admin, tmp_path):
+    ready(admin, "spec-drift", samples.mlp(n_in=3, hidden=(4,), n_out=2, seed=1))
+    admin.deploy("spec-drift", 1)
+    np.save(tmp_path / "base.npy", np.random.default_rng(2).standard_normal((500, 3))
+            .astype(np.float32))
+    dataset = admin.upload_dataset(tmp_path / "base.npy")
+    made = admin.set_baseline("spec-drift", 1, dataset=dataset.id)
+    assert made["source"] == "dataset" and made["rows"] == 500
+    assert list(admin.get_baseline("spec-drift", 1)["features"]["inputs"]) == [
+        "x[0]", "x[1]", "x[2]"]
+    with pytest.raises(mmc.BadRequest, match="no captured traffic"):
+        admin.set_baseline("spec-drift", 1, since="2020-01-01T00:00:00Z",
+                           until="2020-01-01T01:00:00Z")
+    assert admin.set_drift("spec-drift", psi_threshold=0.25, window_minutes=30)[
+        "window_minutes"] == 30
+    with pytest.raises(mmc.BadRequest) as refused:
+        admin.set_drift("spec-drift", p_value=2)
+    assert refused.value.field == "p_value"
+    drift = admin.get_drift("spec-drift")
+    assert drift["psi_threshold"] == 0.25 and drift["episodes"] == []
 
 
 # -- jobs -----------------------------------------------------------------------------------
@@ -483,6 +534,30 @@ def test_users_tokens_and_the_audit_log(admin, console):
 
 
 # -- typed errors ---------------------------------------------------------------------------
+
+
+def test_teams_their_members_and_a_model_moved_between_them(admin, reviewer):
+    team = admin.create_team("spec-risk", description="risk models")
+    assert (team.name, team.your_role, team.models) == ("spec-risk", "admin", [])
+    member = admin.set_team_member("spec-risk", "reviewer", "approver")
+    assert (member.username, member.role) == ("reviewer", "approver")
+    model = admin.create_model("spec-owned", team="spec-risk")
+    assert model.team == "spec-risk"
+    shown = admin.get_team("spec-risk")
+    assert shown.models == ["spec-owned"]
+    assert [(m.username, m.role) for m in shown.members] == [("reviewer", "approver")]
+    assert "spec-risk" in [t.name for t in admin.list_teams()]
+    assert {"team": "spec-risk", "role": "approver"} in reviewer.whoami().teams
+    with pytest.raises(mmc.Forbidden, match="admin role"):
+        reviewer.set_team_member("spec-risk", "reviewer", "admin")
+    with pytest.raises(mmc.Conflict, match="owns models"):
+        admin.delete_team("spec-risk")
+    assert admin.move_model("spec-owned", "default").team == "default"
+    admin.remove_team_member("spec-risk", "reviewer")
+    with pytest.raises(mmc.NotFound):
+        reviewer.get_team("spec-risk")
+    admin.delete_team("spec-risk")
+    admin.delete_model("spec-owned")
 
 
 def test_refusals_are_typed_errors_carrying_the_server_s_message(admin):

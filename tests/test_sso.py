@@ -74,7 +74,8 @@ def test_sign_in_gives_the_mapped_role_and_follows_the_groups_at_each_sign_in(ss
     assert query["response_type"] == ["code"] and query["code_challenge_method"] == ["S256"]
     assert query["state"][0] and query["nonce"][0] and query["code_challenge"][0]
     assert r.url.path == "/models/" and "role: <strong>engineer</strong>" in r.text
-    assert me(client) == {"username": "alice", "role": "engineer", "token": None}
+    assert me(client) == {"username": "alice", "role": "engineer", "token": None,
+                          "teams": [{"team": "default", "role": "approver"}]}
     event = AuditEvent.objects.get(action="user.sso_login")
     assert (event.actor_name, event.target) == ("alice", "alice")
     assert event.after == {"groups": ["ml-eng"], "role": "engineer", "created": True}
@@ -122,7 +123,8 @@ def test_with_create_users_off_an_unknown_user_is_refused_with_a_clear_message(
     User.objects.create_user("dave")  # an admin adds dave: the next sign-in gets in
     client, r = signed_in(live_server, "dave", "dave-idp-pw-1")
     assert r.url.path == "/models/"
-    assert me(client) == {"username": "dave", "role": "viewer", "token": None}
+    assert me(client) == {"username": "dave", "role": "viewer", "token": None,
+                          "teams": [{"team": "default", "role": "viewer"}]}
 
 
 def test_a_real_token_signed_hs256_or_a_wrong_client_secret_is_refused(

@@ -252,7 +252,8 @@ def test_concurrent_anonymous_puts_are_all_refused_and_store_nothing(console):
 
 @pytest.mark.parametrize("authorization, status, error", [
     ("Bearer mmc_not-a-token", 401, "Invalid token."),
-    ("viewer", 403, "this needs the engineer role"),
+    ("viewer", 403, "this needs the engineer role in the team 'default', which owns the "
+                    "model 'big'"),
 ])
 def test_a_bad_token_or_a_viewer_put_is_refused_and_stores_nothing(console, authorization,
                                                                    status, error):

@@ -256,6 +256,8 @@ def test_only_admins_manage_subscriptions_and_each_change_is_audited(client_for,
     ("job.succeeded", None, "job.finished"),
     ("job.failed", None, "job.finished"),
     ("version.tensorrt.skipped", None, "job.finished"),
+    ("monitor.drift", None, "monitor.drift"),          # an episode starts: one event
+    ("monitor.drift.end", None, None),                 # its end is audited, not sent
     ("job.create", None, None),
     ("endpoint.canary.refused", None, None),
     ("webhook.test", None, None),

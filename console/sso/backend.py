@@ -94,7 +94,8 @@ class SsoBackend(OIDCAuthenticationBackend):
                     f"{settings.OIDC_USERNAME_CLAIM!r} claim (MMC_OIDC_USERNAME_CLAIM).")
             return sso_sign_in(
                 username=username[:150], email=str(claims.get("email") or ""), groups=groups,
-                role_map=settings.OIDC_ROLE_MAP, create_users=settings.OIDC_CREATE_USER,
+                role_map=settings.OIDC_ROLE_MAP, team_map=settings.OIDC_TEAM_MAP,
+                create_users=settings.OIDC_CREATE_USER,
                 request_id=getattr(request, "request_id", ""),
                 client_address=request.META.get("REMOTE_ADDR", ""))
         except SignInRefused as exc:

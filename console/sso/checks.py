@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
-from registry.roles import ROLES
+from registry.roles import ROLES, TEAM_ROLES
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -25,9 +25,14 @@ def sso_settings(app_configs=None, **kwargs) -> list:
     if unknown:
         found.append(Error(f"MMC_OIDC_ROLE_MAP maps to unknown roles {unknown}",
                            hint=f"roles are {', '.join(ROLES)}", id="mmc.sso.E002"))
-    if not settings.OIDC_ROLE_MAP:
-        found.append(Warning("MMC_OIDC_ROLE_MAP is empty: single sign-on users get no role",
-                             id="mmc.sso.W001"))
+    bad = {g: spec for g, spec in settings.OIDC_TEAM_MAP.items()
+           if spec.rpartition(":")[2] not in TEAM_ROLES or not spec.rpartition(":")[0]}
+    if bad:
+        found.append(Error(f"MMC_OIDC_TEAM_MAP has entries that are not team:role {bad}",
+                           hint=f"team roles are {', '.join(TEAM_ROLES)}", id="mmc.sso.E003"))
+    if not settings.OIDC_ROLE_MAP and not settings.OIDC_TEAM_MAP:
+        found.append(Warning("MMC_OIDC_ROLE_MAP and MMC_OIDC_TEAM_MAP are empty: single sign-on "
+                             "users get no role", id="mmc.sso.W001"))
     issuer = urlsplit(settings.OIDC_ISSUER)
     if issuer.scheme != "https" and issuer.hostname not in LOOPBACK:
         found.append(Warning(f"MMC_OIDC_ISSUER {settings.OIDC_ISSUER!r} is not https",

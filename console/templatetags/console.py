@@ -12,6 +12,7 @@ from django.utils.html import format_html
 
 from registry.choices import ApprovalState, VersionStatus
 from registry.roles import has_role, role_of
+from registry.selectors import may_read_audit, my_teams
 
 from .. import health
 
@@ -26,7 +27,15 @@ def health_bar(db: health.Check | None = None) -> dict:
 
 @register.filter
 def role(user) -> str:
-    return role_of(user) or "no role"
+    """The global role, or else the user's team roles ("engineer in fraud")."""
+    held = role_of(user)
+    if held:
+        return held
+    teams = my_teams(user)
+    if not teams:
+        return "no role"
+    return ", ".join(f"{t['role']} in {t['team']}" for t in teams[:3]) + (
+        f" (+{len(teams) - 3})" if len(teams) > 3 else "")
 
 
 @register.simple_tag
@@ -38,6 +47,12 @@ def sso_label() -> str:
 @register.filter
 def can(user, needed: str) -> bool:
     return has_role(user, needed)
+
+
+@register.filter
+def reads_audit(user) -> bool:
+    """A global admin, or an admin of a team (who reads that team's part of the log)."""
+    return user.is_authenticated and may_read_audit(user)
 
 
 @register.simple_tag

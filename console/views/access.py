@@ -9,17 +9,18 @@ from functools import wraps
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest
 
 from registry.audit import Actor
-from registry.errors import RegistryError
-from registry.roles import has_role
+from registry.errors import Forbidden, NotFound, RegistryError
+from registry.roles import has_role, require_model
 
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 
 
 def requires(read: str = "viewer", write: str = "engineer") -> Callable:
-    """Reads need `read`, writes need `write`; anonymous users are sent to the login page."""
+    """Reads need `read`, writes need `write` (on a model's pages, in the team owning it; a
+    model of another team is a 404); anonymous users are sent to the login page."""
 
     def decorate(view):
         @wraps(view)
@@ -27,6 +28,14 @@ def requires(read: str = "viewer", write: str = "engineer") -> Callable:
             if not request.user.is_authenticated:
                 return redirect_to_login(request.get_full_path())
             needed = write if request.method in WRITE_METHODS else read
+            name = kwargs.get("name") if has_role(request.user, "viewer") else None
+            try:
+                if name is not None and require_model(request.user, name, needed):
+                    return view(request, *args, **kwargs)
+            except NotFound as exc:
+                raise Http404(exc.message) from None
+            except Forbidden as exc:
+                raise PermissionDenied(exc.message) from None
             if not has_role(request.user, needed):
                 raise PermissionDenied(f"this needs the {needed} role")
             return view(request, *args, **kwargs)

@@ -1,10 +1,12 @@
-"""The audit log (admin only): filtered with the API's AuditFilterSet, exported as CSV."""
+"""The audit log (global admins: all of it; a team's admins: that team's part): filtered with
+the API's AuditFilterSet, exported as CSV."""
 
 from __future__ import annotations
 
 import csv
 import json
 
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.utils import timezone
@@ -12,6 +14,7 @@ from django.views.decorators.http import require_GET
 
 from registry import selectors
 from registry.filtersets import AuditFilterSet
+from registry.roles import is_admin
 from registry.services.lockouts import active_lockouts
 
 from . import render_page_or_partial
@@ -22,15 +25,23 @@ CSV_FIELDS = ("created_at", "actor_name", "action", "target_type", "target", "mo
               "reason", "before", "after", "request_id", "client_address")
 
 
+def _events(request: HttpRequest):
+    if not selectors.may_read_audit(request.user):
+        raise PermissionDenied("reading the audit log needs the admin role (global, or in a "
+                               "team)")
+    return selectors.audit_list(request.user)
+
+
 @require_GET
-@requires("admin")
+@requires("viewer")
 def audit_list(request: HttpRequest) -> HttpResponse:
-    filterset = AuditFilterSet(request.GET, queryset=selectors.audit_list())
+    filterset = AuditFilterSet(request.GET, queryset=_events(request))
     page = Paginator(filterset.qs, PAGE_SIZE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
     context = {"filter": filterset, "page": page, "query": query.urlencode(),
-               "lockouts": [] if request.htmx else active_lockouts()}
+               "lockouts": [] if request.htmx or not is_admin(request.user)
+               else active_lockouts()}
     return render_page_or_partial(request, "console/audit_list.html",
                                   "console/partials/audit_table.html", context,
                                   status=200 if filterset.is_valid() else 400, partial_status=200)
@@ -70,9 +81,9 @@ def _csv_rows(queryset):
 
 
 @require_GET
-@requires("admin")
+@requires("viewer")
 def audit_csv(request: HttpRequest) -> HttpResponse:
-    filterset = AuditFilterSet(request.GET, queryset=selectors.audit_list())
+    filterset = AuditFilterSet(request.GET, queryset=_events(request))
     if not filterset.is_valid():
         return HttpResponse("invalid filter: " + filterset.errors.as_text(), status=400,
                             content_type="text/plain")

@@ -11,7 +11,7 @@ from django.shortcuts import redirect, render
 
 from registry import selectors
 from registry.errors import RegistryError
-from registry.models import Dataset, VersionStatus
+from registry.models import VersionStatus
 from registry.services import jobs as job_services
 from registry.store.files import FileWriter
 from serving.core.tensor_signature import batch_dimension
@@ -47,9 +47,9 @@ class BatchForm(forms.Form):
         return data
 
 
-def _offer(model) -> tuple[list, list[int]]:
-    datasets = list(Dataset.objects.filter(expired=False).order_by("-created_at")
-                    [:DATASETS_OFFERED])
+def _offer(model, user) -> tuple[list, list[int]]:
+    datasets = list(selectors.dataset_list(user).filter(expired=False)
+                    .order_by("-created_at")[:DATASETS_OFFERED])
     versions = [v.number for v in model.versions.filter(status=VersionStatus.READY)
                 .order_by("-number") if batch_dimension(v.signature or {})]
     return datasets, versions
@@ -58,7 +58,7 @@ def _offer(model) -> tuple[list, list[int]]:
 @requires("engineer", write="engineer")
 def batch_start(request: HttpRequest, name: str) -> HttpResponse:
     model = found(selectors.model_get, name)
-    datasets, versions = _offer(model)
+    datasets, versions = _offer(model, request.user)
     form = BatchForm(request.POST or None, request.FILES or None, datasets=datasets,
                      versions=versions)
     if request.method == "POST" and form.is_valid():

@@ -35,7 +35,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
         filters["kind"] = ""
     if filters["status"] not in ("", *JobStatus.values):
         filters["status"] = ""
-    page = Paginator(selectors.job_list(**filters), PAGE_SIZE).get_page(request.GET.get("page"))
+    page = Paginator(selectors.job_list(**filters, user=request.user),
+                     PAGE_SIZE).get_page(request.GET.get("page"))
     rows = [_row(j) for j in page]
     query = request.GET.copy()
     query.pop("page", None)
@@ -49,7 +50,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
 @require_GET
 @requires("engineer")
 def job_detail(request: HttpRequest, job_id) -> HttpResponse:
-    job = found(selectors.job_get, job_id)
+    job = found(selectors.job_get, job_id, request.user)
     context = {**_row(job), "nav": "jobs", "form": ReasonForm()}
     return render_page_or_partial(request, "console/job_detail.html",
                                   "console/partials/job_progress.html", context)
@@ -58,7 +59,7 @@ def job_detail(request: HttpRequest, job_id) -> HttpResponse:
 @require_POST
 @requires("engineer")
 def job_cancel(request: HttpRequest, job_id) -> HttpResponse:
-    job = found(selectors.job_get, job_id)
+    job = found(selectors.job_get, job_id, request.user)
     form = ReasonForm(request.POST)
     if not form.is_valid():
         messages.error(request, error_text(form))

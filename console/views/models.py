@@ -17,7 +17,7 @@ from registry.errors import NotFound
 from registry.evaluation import metric_columns, metric_diff, metric_rows
 from registry.filtersets import ModelFilterSet, VersionFilterSet
 from registry.models import VersionStatus
-from registry.roles import has_role
+from registry.roles import TEAM_RANK, may, visible_models
 from registry.services.deletion import model_delete, model_deletion_refusal
 
 from ..forms import (
@@ -57,25 +57,30 @@ def page_size(request: HttpRequest) -> int:
 @require_GET
 @requires("viewer")
 def model_list(request: HttpRequest) -> HttpResponse:
-    filterset = ModelFilterSet(request.GET, queryset=selectors.model_list())
+    filterset = ModelFilterSet(request.GET, queryset=visible_models(selectors.model_list(),
+                                                                    request.user))
     size = page_size(request)
     page = Paginator(filterset.qs, size).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
     context = {"filter": filterset, "page": page, "query": query.urlencode(),
-               "per_page": size, "page_sizes": PAGE_SIZES}
+               "per_page": size, "page_sizes": PAGE_SIZES,
+               "teams": selectors.my_teams(request.user)}
     return render_page_or_partial(request, "console/model_list.html",
                                   "console/partials/model_table.html", context)
 
 
 @requires("engineer", write="engineer")
 def model_create(request: HttpRequest) -> HttpResponse:
-    form = ModelCreateForm(request.POST or None)
+    teams = [t["team"] for t in selectors.my_teams(request.user)
+             if TEAM_RANK[t["role"]] >= TEAM_RANK["engineer"]]
+    form = ModelCreateForm(request.POST or None, teams=teams)
     if request.method == "POST" and form.is_valid():
         model = run_service(request, services.model_create, success="Model created.",
                             name=form.cleaned_data["name"],
                             description=form.cleaned_data["description"],
-                            tags=form.cleaned_data["tags"])
+                            tags=form.cleaned_data["tags"],
+                            team=form.cleaned_data.get("team") or None)
         if model is not None:
             return redirect("console:model-detail", name=model.name)
     return render(request, "console/model_form.html",
@@ -151,7 +156,7 @@ def version_rows_context(request: HttpRequest, model) -> dict:
         "numbers": [v.number for v in everything],
         "alias_choices": alias_choices(everything, routable),
         "pending": any(v.status in PENDING for v in everything),
-        "can_write": has_role(request.user, "engineer"),
+        "can_write": may(request.user, model.team_id, "engineer"),
         "filter": filterset, "filtered": bool(active) and filterset.is_valid(),
         "filter_query": urlencode([(k, v) for k in active for v in request.GET.getlist(k)]),
         "metric_columns": columns,

@@ -157,9 +157,10 @@ class ExportView(APIView):
     @extend_schema(operation_id="config_export", responses={(200, YAML): OpenApiResponse(
         OpenApiTypes.OBJECT, description="an mmc.yaml document")})
     def get(self, request):
-        """Today's state as an mmc.yaml (every model that is not archived; the webhooks, without
-        secrets, for an admin): planning it shows no change."""
+        """Today's state as an mmc.yaml (every model that is not archived, of the teams you are
+        in; the webhooks, without secrets, for an admin): planning it shows no change."""
         text = as_code.export_text(include_webhooks=has_role(request.user, "admin"),
+                                   user=request.user,
                                    schema_url=request.build_absolute_uri(
                                        reverse("api:config-schema")))
         return HttpResponse(text, content_type=f"{YAML}; charset=utf-8")

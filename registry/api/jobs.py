@@ -179,7 +179,7 @@ class DatasetListView(JobsPermission, generics.ListAPIView):
     parser_classes = [MultiPartParser]
 
     def get_queryset(self):
-        return Dataset.objects.select_related("created_by")
+        return selectors.dataset_list(self.request.user)
 
     def initial(self, request, *args, **kwargs):
         if request.method == "POST":
@@ -219,7 +219,7 @@ class DatasetUploadView(JobsPermission, APIView):
 class DatasetDetailView(JobsPermission, APIView):
     @extend_schema(responses=DatasetSerializer)
     def get(self, request, dataset_id):
-        ds = Dataset.objects.filter(pk=dataset_id).first()
+        ds = selectors.dataset_list(request.user).filter(pk=dataset_id).first()
         if ds is None:
             raise NotFound(f"dataset {dataset_id} does not exist")
         return Response(DatasetSerializer(ds).data)
@@ -262,13 +262,13 @@ class JobListView(JobsPermission, generics.ListAPIView):
     def get_queryset(self):
         params = self.request.query_params
         return selectors.job_list(kind=params.get("kind", ""), status=params.get("status", ""),
-                                  model=params.get("model", ""))
+                                  model=params.get("model", ""), user=self.request.user)
 
 
 class JobDetailView(JobsPermission, APIView):
     @extend_schema(responses=JobSerializer)
     def get(self, request, job_id):
-        return Response(JobSerializer(selectors.job_get(job_id)).data)
+        return Response(JobSerializer(selectors.job_get(job_id, request.user)).data)
 
 
 class JobCancelView(JobsPermission, APIView):
@@ -278,14 +278,14 @@ class JobCancelView(JobsPermission, APIView):
     def post(self, request, job_id):
         reason = request.data.get("reason", "") if isinstance(request.data, dict) else ""
         svc.job_cancel(job_id=job_id, actor=actor(request), reason=str(reason)[:1000])
-        return Response(JobSerializer(selectors.job_get(job_id)).data)
+        return Response(JobSerializer(selectors.job_get(job_id, request.user)).data)
 
 
 class JobResultView(JobsPermission, APIView):
     @extend_schema(responses={(200, "application/octet-stream"): bytes, **errors(409, 410)})
     def get(self, request, job_id):
         """The v2 response of an async job (with its headers), or a batch job's output file."""
-        job = selectors.job_get(job_id)
+        job = selectors.job_get(job_id, request.user)
         if job.expired:
             raise Gone(f"the result of job {job.pk} expired at {job.expires_at:%Y-%m-%d %H:%M:%S}"
                        f" UTC and was deleted")

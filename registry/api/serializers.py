@@ -37,6 +37,8 @@ class ErrorSerializer(serializers.Serializer):
 
 class ModelSerializer(serializers.ModelSerializer):
     owner = username("owner")
+    team = serializers.CharField(source="team.name", read_only=True,
+                                 help_text="the team that owns the model")
     version_count = serializers.IntegerField(read_only=True, default=0)
     latest_version = serializers.IntegerField(read_only=True, default=None, allow_null=True)
     stable_version = serializers.SerializerMethodField()
@@ -45,8 +47,9 @@ class ModelSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = RegisteredModel
-        fields = ["name", "description", "tags", "owner", "archived", "requires_approval",
-                  "created_at", "updated_at", "version_count", "latest_version",
+        fields = ["name", "description", "tags", "owner", "team", "archived",
+                  "requires_approval", "created_at", "updated_at", "version_count",
+                  "latest_version",
                   "stable_version", "candidate_version", "candidate_weight"]
 
     def _endpoint(self, obj):
@@ -70,6 +73,10 @@ class ModelSerializer(serializers.ModelSerializer):
 
 class ModelCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
+    team = serializers.CharField(max_length=64, required=False, allow_null=True, default=None,
+                                 help_text=(
+        "the team that will own it; left out: the team 'default' where you are an engineer "
+        "there, else your only team where you are one"))
     description = serializers.CharField(required=False, allow_blank=True, default="")
     tags = serializers.ListField(child=serializers.CharField(), required=False, default=list)
 
@@ -440,9 +447,17 @@ class TokenLoginSerializer(serializers.Serializer):
         help_text="the token's name, e.g. mmc-cli@<hostname> (letters, digits, . _ @ : -)")
 
 
+class TeamRoleSerializer(serializers.Serializer):
+    team = serializers.CharField()
+    role = serializers.CharField(help_text="viewer, engineer, approver or admin")
+
+
 class MeSerializer(serializers.Serializer):
     username = serializers.CharField()
     role = serializers.CharField(allow_null=True, help_text="viewer, engineer or admin")
+    teams = TeamRoleSerializer(many=True, help_text=(
+        "your role in each team you belong to (a global viewer or engineer is one in the team "
+        "'default'; a global admin is admin everywhere and listed in every team)"))
     token = TokenSerializer(allow_null=True, help_text=(
         "the API token this request was authenticated with (null for a browser session)"))
 

@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 
 from registry import background, selectors, services
 from registry.api.parsers import JSONParser, loads
+from registry.api.permissions import RolePermission
 from registry.api.schema import errors
 from registry.api.serializers import (
     AliasSerializer,
@@ -52,7 +53,8 @@ from registry.errors import InvalidRequest, LifecycleError, PayloadTooLarge
 from registry.filtersets import AuditFilterSet, ModelFilterSet, VersionFilterSet
 from registry.models import ApiToken, Endpoint, ModelVersion
 from registry.notify import current_revision
-from registry.roles import role_of
+from registry.roles import role_of, visible_models
+from registry.selectors import my_teams
 from registry.services.conversion import version_convert
 from registry.services.replicas import replica_remove
 from registry.services.versions import DESCRIPTIVE_FIELDS
@@ -94,7 +96,8 @@ class MeView(APIView):
     def get(self, request):
         token = request.auth if isinstance(request.auth, ApiToken) else None
         return Response(MeSerializer({"username": request.user.get_username(),
-                                      "role": role_of(request.user), "token": token}).data)
+                                      "role": role_of(request.user), "token": token,
+                                      "teams": my_teams(request.user)}).data)
 
 
 class ModelListView(generics.ListAPIView):
@@ -102,7 +105,7 @@ class ModelListView(generics.ListAPIView):
     filterset_class = ModelFilterSet
 
     def get_queryset(self):
-        return selectors.model_list()
+        return visible_models(selectors.model_list(), self.request.user)
 
     @extend_schema(request=ModelCreateSerializer, responses={201: ModelSerializer})
     def post(self, request):
@@ -463,13 +466,25 @@ class ApiKeyLimitsView(APIView):
         return Response(ApiKeySerializer(key, context={"used": used}).data)
 
 
+class AuditReaders(RolePermission):
+    """Global admins read every event, a team's admins that team's."""
+
+    def has_permission(self, request, view) -> bool:
+        if not super().has_permission(request, view):
+            return False
+        if not selectors.may_read_audit(request.user):
+            self.message = "reading the audit log needs the admin role (global, or in a team)"
+            return False
+        return True
+
+
 class AuditListView(generics.ListAPIView):
-    read_role = "admin"
+    permission_classes = [AuditReaders]
     serializer_class = AuditEventSerializer
     filterset_class = AuditFilterSet
 
     def get_queryset(self):
-        return selectors.audit_list()
+        return selectors.audit_list(self.request.user)
 
 
 class ReplicaListView(APIView):
@@ -479,7 +494,8 @@ class ReplicaListView(APIView):
         revision = current_revision()
         rows = [{"replica": r.replica, "state": r.state, "lost_since": r.lost_since,
                  "revision": r.revision, "converged": r.revision >= revision,
-                 "behind_since": r.behind_since, "versions": r.versions,
+                 "behind_since": r.behind_since,
+                 "versions": selectors.visible_replica_versions(r.versions, request.user),
                  "degraded": r.degraded, "address": r.address, "started_at": r.started_at,
                  "last_seen": r.last_seen}
                 for r in selectors.replicas(include_lost=True)]

@@ -90,8 +90,9 @@ def cmd_whoami(creds: Credentials, a) -> int:
     token = me.get("token") or {}
     where = (f"saved in {config.config_path()}" if creds.token_from == "config"
              else f"from {creds.token_from}")
-    print(f"user:  {me['username']}\nrole:  {me['role'] or '(none)'}\nurl:   {creds.url}\n"
-          f"token: {token.get('name', '?')} ({_expiry(token)}), {where}")
+    teams = ", ".join(f"{t['team']} ({t['role']})" for t in me.get("teams") or []) or "(none)"
+    print(f"user:  {me['username']}\nrole:  {me['role'] or '(none)'}\nteams: {teams}\n"
+          f"url:   {creds.url}\ntoken: {token.get('name', '?')} ({_expiry(token)}), {where}")
     return 0
 
 

@@ -42,9 +42,11 @@ from pathlib import Path
 from mmc import Client, MmcError, Version, config
 from registry.cli.account import account_parsers
 from registry.cli.as_code import as_code_parsers
+from registry.cli.drift import drift_parsers
 from registry.cli.jobs import job_parsers
 from registry.cli.output import CliError, print_json
 from registry.cli.pipelines import pipeline_parsers
+from registry.cli.teams import team_parsers
 
 
 def cmd_models(c: Client, a) -> int:
@@ -55,7 +57,8 @@ def cmd_models(c: Client, a) -> int:
 
 
 def cmd_create_model(c: Client, a) -> int:
-    print_json(c.create_model(a.name, description=a.description, tags=a.tag or []).raw)
+    print_json(c.create_model(a.name, description=a.description, tags=a.tag or [],
+                              team=a.team).raw)
     return 0
 
 
@@ -270,6 +273,38 @@ def _integration_parsers(sub) -> None:
     s.set_defaults(fn=cmd_webhook_test)
 
 
+def cmd_feedback(c: Client, a) -> int:
+    """One label from the arguments, and/or a feedback body (one or a batch) from --file, sent
+    as it is: the server checks it and names a bad field."""
+    if a.request_id is None and not a.file:
+        raise CliError("give REQUEST_ID LABEL, or --file with a feedback body")
+    if a.file:
+        body = sys.stdin.buffer.read() if a.file == "-" else Path(a.file).read_bytes()
+        print_json(c.send_feedback(a.model, body))
+    if a.request_id is not None:
+        if a.label is None:
+            raise CliError("give the label after the request id")
+        try:
+            label = json.loads(a.label)
+        except ValueError:
+            label = a.label  # a class name
+        print_json(c.send_feedback(a.model, {a.request_id: label}))
+    return 0
+
+
+def cmd_capture(c: Client, a) -> int:
+    """Without options: the settings and counts; with any: change those (audited)."""
+    changes = {k: getattr(a, k) for k in ("percent", "mode", "max_bytes", "retention_days")
+               if getattr(a, k) is not None}
+    if a.off:
+        changes["percent"] = 0
+    if changes:
+        print_json(c.set_capture(a.model, **changes, reason=a.reason))
+    else:
+        print_json(c.get_capture(a.model))
+    return 0
+
+
 def _rollout_parsers(sub) -> None:
     for command, (_, positional, text) in ROLLOUT_OPS.items():
         s = sub.add_parser(command, help=text)
@@ -325,6 +360,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("name")
     s.add_argument("--description", default="")
     s.add_argument("--tag", action="append")
+    s.add_argument("--team", help="the team that owns it (default: 'default' where you may, "
+                                  "else your only team)")
     s.set_defaults(fn=cmd_create_model)
     s = sub.add_parser("upload", help="upload an .onnx file as the next version")
     s.add_argument("model")
@@ -376,10 +413,28 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--wait", type=float, default=0, help="seconds to wait for all replicas")
     s.set_defaults(fn=cmd_deploy)
     _rollout_parsers(sub)
+    s = sub.add_parser("feedback", help="send ground-truth labels for answered requests")
+    s.add_argument("model")
+    s.add_argument("request_id", nargs="?")
+    s.add_argument("label", nargs="?", help="a class index or name, or a number (JSON)")
+    s.add_argument("--file", help='a feedback body, {"feedback": [{"request_id", "label"}, '
+                   '...]} (- for standard input)')
+    s.set_defaults(fn=cmd_feedback)
+    s = sub.add_parser("capture", help="show or change the endpoint's data capture")
+    s.add_argument("model")
+    s.add_argument("--percent", type=float, help="share of requests recorded, 0-100")
+    s.add_argument("--mode", choices=["inputs", "outputs", "both"])
+    s.add_argument("--max-bytes", type=int, help="tensor bytes one record keeps at most")
+    s.add_argument("--retention-days", type=int, help="days records are kept")
+    s.add_argument("--off", action="store_true", help="stop capturing (percent 0)")
+    s.add_argument("--reason", default="")
+    s.set_defaults(fn=cmd_capture)
     _integration_parsers(sub)
     job_parsers(sub)
+    drift_parsers(sub)
     pipeline_parsers(sub)
     as_code_parsers(sub)
+    team_parsers(sub)
     return p
 
 

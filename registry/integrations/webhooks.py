@@ -43,6 +43,7 @@ ACTION_EVENTS = {
     "version.tensorrt.built": "job.finished",
     "version.tensorrt.failed": "job.finished",
     "version.tensorrt.skipped": "job.finished",
+    "monitor.drift": "monitor.drift",  # a drift episode started (registry.services.drift)
 }
 _JOB_ENDINGS = ("finished", "succeeded", "failed", "cancelled", "completed")
 EVENTS = sorted({*ACTION_EVENTS.values(), "ping"})

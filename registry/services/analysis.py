@@ -21,6 +21,7 @@ from registry.audit import Actor
 from registry.errors import LifecycleError
 from registry.metrics import version_window
 from registry.models import Endpoint
+from registry.monitoring.agreement import answers_check
 from registry.routing import AnalysisPlan
 from registry.services import rollouts
 from registry.services.gate import refusal
@@ -43,19 +44,24 @@ def _pct(x: float | None) -> str:
 
 
 def decide(plan: AnalysisPlan, step: int, *, candidate: dict, stable: dict, baked: bool,
-           stable_since_start: dict | None = None) -> Decision:
+           stable_since_start: dict | None = None, answers: dict | None = None) -> Decision:
     """Judge one step from the candidate's and stable's figures over the same window. The guards
     apply as soon as the candidate has min_requests; advancing also needs the bake time. When the
     stable has too few requests in the window (a 100 % step), its figures since the analysis
     started stand in for latency. A latency regression must be large in both senses: over
     max_p99_ratio x stable's p99 *and* more than min_p99_increase_ms above it, because on a
     shared host a sub-millisecond model's p99 is scheduler noise and a ratio of two noise figures
-    would roll back healthy candidates."""
+    would roll back healthy candidates. `answers`: the agreement and quality checks'
+    verdict (registry/monitoring/agreement.py answers_check), judged before latency."""
     slack = plan.min_p99_increase_ms
     figures = {"step": step, "weight": plan.steps[step], "candidate": candidate,
                "stable": stable, "guards": {
                    "max_p99_ratio": plan.max_p99_ratio, "min_p99_increase_ms": slack,
                    "max_error_rate": plan.max_error_rate, "min_requests": plan.min_requests}}
+    if answers is not None:
+        figures["answers"] = answers["figures"]
+        if answers["why"]:
+            return Decision("rollback", answers["why"], figures)
     need = plan.min_requests
     if candidate["count"] >= max(need, 1):
         rate = candidate.get("error_rate") or 0.0
@@ -81,6 +87,8 @@ def decide(plan: AnalysisPlan, step: int, *, candidate: dict, stable: dict, bake
     if candidate["count"] < need:
         return Decision("wait", f"only {candidate['count']} candidate requests at this step; "
                         f"the plan needs {need}", figures)
+    if answers is not None and answers["waiting"]:
+        return Decision("wait", answers["waiting"], figures)
     last = step == len(plan.steps) - 1
     return Decision("promote" if last else "advance",
                     f"step {plan.steps[step]} % healthy: error rate "
@@ -108,12 +116,15 @@ def tick(*, now: datetime | None = None, metrics: Metrics | None = None) -> list
             since_start = None
             if stable["count"] < max(plan.min_requests, 1):
                 since_start = metrics(name, ep.stable.number, analysis.started_at)
+            answers = (answers_check(plan, model=ep.model, candidate=ep.candidate,
+                                     stable=ep.stable, since=analysis.started_at)
+                       if plan.judges_answers else None)
         except Exception:  # figures unavailable: judge nothing rather than guess
             log.exception("canary analysis of %s: no figures", name)
             continue
         baked = (now - started).total_seconds() >= plan.bake_seconds
         d = decide(plan, step, candidate=candidate, stable=stable, baked=baked,
-                   stable_since_start=since_start)
+                   stable_since_start=since_start, answers=answers)
         if d.action in ("advance", "promote"):  # would the gate let it? Else hold, saying why
             ep.candidate.model = ep.model
             role = ("become stable" if d.action == "promote" else

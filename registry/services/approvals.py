@@ -1,6 +1,7 @@
 """Approval decisions (as MLflow's and SageMaker's model registries): a model may require that a
-version be approved before it takes traffic. An engineer or admin other than the uploader
-approves or rejects it, with a comment (required to reject); each decision is kept and audited.
+version be approved before it takes traffic. An approver or admin of the model's team other than
+the uploader (registry.roles) approves or rejects it, with a comment (required to reject); each
+decision is kept and audited.
 
 What a decision allows is the one gate's to say (gate.py, checked wherever routing changes).
 Rejecting a version that takes traffic ends that traffic in the same transaction, audited: a
@@ -18,7 +19,7 @@ from registry.audit import Actor, record
 from registry.choices import ApprovalState
 from registry.errors import Forbidden, InvalidRequest, LifecycleError, NotFound
 from registry.models import Alias, ApprovalDecision, Endpoint, ModelVersion, RegisteredModel
-from registry.roles import has_role
+from registry.roles import may
 from registry.services.catalog import lock_model
 from registry.services.deployments import transition
 from registry.services.gate import PRODUCTION_ALIAS
@@ -26,8 +27,9 @@ from registry.services.gate import PRODUCTION_ALIAS
 
 def may_decide(user, version: ModelVersion) -> str | None:
     """Why `user` may not approve or reject `version`, or None when they may."""
-    if not has_role(user, "engineer"):
-        return "approving or rejecting a version needs the engineer or admin role"
+    if not may(user, version.model.team_id, "approver"):
+        return ("approving or rejecting a version needs the approver role in the model's team "
+                "(or admin; a global engineer is an approver in the team 'default')")
     if version.created_by_id is not None and version.created_by_id == user.pk:
         return (f"you uploaded version {version.number}; another engineer or admin must "
                 f"approve or reject it")

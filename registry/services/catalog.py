@@ -6,8 +6,18 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 
 from registry.audit import Actor, record
-from registry.errors import InvalidRequest, LifecycleError, NotFound
-from registry.models import SLUG, Alias, AuditEvent, ModelVersion, RegisteredModel, VersionStatus
+from registry.errors import Forbidden, InvalidRequest, LifecycleError, NotFound
+from registry.models import (
+    DEFAULT_TEAM,
+    SLUG,
+    Alias,
+    AuditEvent,
+    ModelVersion,
+    RegisteredModel,
+    Team,
+    VersionStatus,
+)
+from registry.roles import is_admin, may, teams_where
 from registry.services.gate import PRODUCTION_ALIAS, admit
 
 
@@ -38,7 +48,8 @@ def next_version_number(model: RegisteredModel) -> int:
 def _snapshot(model: RegisteredModel) -> dict:
     return {"name": model.name, "description": model.description, "tags": model.tags,
             "archived": model.archived, "requires_approval": model.requires_approval,
-            "owner": model.owner.get_username() if model.owner else None}
+            "owner": model.owner.get_username() if model.owner else None,
+            "team": model.team.name}
 
 
 TAG = re.compile(r"^[A-Za-z0-9_.:/=+-]{1,50}$")
@@ -51,17 +62,46 @@ def _clean_tags(tags) -> list[str]:
     return sorted(set(tags))
 
 
-def model_create(*, name: str, actor: Actor, description: str = "", tags=None) -> RegisteredModel:
+def team_for_new_model(user, team: str | None) -> Team:
+    """The team a model `user` registers goes to: the one named, or else the team "default"
+    where the user may create models there, or else the user's only team where they may."""
+    if team:
+        row = Team.objects.filter(name=team).first()
+        teams = teams_where(user)
+        if row is None or (teams is not None and row.pk not in teams):
+            raise InvalidRequest(f"team {team!r} does not exist", field="team")
+        if not may(user, row.pk, "engineer"):
+            raise Forbidden(f"registering a model in {team!r} needs the engineer role there")
+        return row
+    if user is None or is_admin(user):
+        return Team.objects.get_or_create(name=DEFAULT_TEAM)[0]
+    able = teams_where(user, "engineer") or set()
+    rows = list(Team.objects.filter(pk__in=able))
+    for row in rows:
+        if row.name == DEFAULT_TEAM:
+            return row
+    if len(rows) == 1:
+        return rows[0]
+    if not rows:
+        raise Forbidden("registering a model needs the engineer role in a team")
+    raise InvalidRequest("name the team the model goes to: you are an engineer in "
+                         + ", ".join(sorted(r.name for r in rows)), field="team")
+
+
+def model_create(*, name: str, actor: Actor, description: str = "", tags=None,
+                 team: str | None = None) -> RegisteredModel:
+    """Register a model in `team` (team_for_new_model says which when none is named)."""
     try:
         SLUG(name)
     except Exception as exc:
         raise InvalidRequest(f"name {name!r}: {' '.join(exc.messages)}", field="name") from None
+    owner_team = team_for_new_model(actor.user, team)
     with transaction.atomic():
         try:
             with transaction.atomic():
                 model = RegisteredModel.objects.create(
                     name=name, description=description, tags=_clean_tags(tags or []),
-                    owner=actor.user,
+                    owner=actor.user, team=owner_team,
                 )
         except IntegrityError:
             raise LifecycleError(f"a model named {name!r} already exists", field="name") from None

@@ -131,8 +131,10 @@ def batch_create(*, model_name: str, dataset_id, actor: Actor, version_number: i
                  output_format: str | None = None, max_rows_per_second: float = 0,
                  callback_url: str = "", callback_secret: str = "") -> Job:
     """Queue a batch transform of a dataset by one version."""
+    from registry.selectors import dataset_list
+
     version = resolve_version(model_name, version_number)
-    dataset = Dataset.objects.filter(pk=dataset_id).first()
+    dataset = dataset_list(actor.user).filter(pk=dataset_id).first()
     if dataset is None:
         raise NotFound(f"dataset {dataset_id} does not exist", field="dataset")
     if not batch_dimension(version.signature):

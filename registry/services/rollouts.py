@@ -22,7 +22,7 @@ from registry.choices import RollbackOrder
 from registry.convergence import wait_for_revision
 from registry.errors import Forbidden, InvalidRequest, LifecycleError
 from registry.models import Endpoint, ModelVersion, RegisteredModel, VersionStatus
-from registry.roles import has_role
+from registry.roles import may
 from registry.routing import ANALYSING, Analysis, AnalysisPlan, BlueGreen, PendingRollback
 from registry.services.catalog import lock_model
 from registry.services.deployments import (
@@ -81,8 +81,9 @@ def canary_start(*, model_name: str, version_number: int, weight: int = 0, actor
                     f"version {version_number}'s signature is incompatible with the stable "
                     f"version {ep.stable.number}'s: " + "; ".join(differences),
                     details={"differences": differences})
-            if not has_role(actor.user, "admin"):
-                raise Forbidden("overriding a signature incompatibility needs the admin role")
+            if not may(actor.user, ep.model.team_id, "admin"):
+                raise Forbidden("overriding a signature incompatibility needs the admin role "
+                                "in the model's team")
             if not reason.strip():
                 raise InvalidRequest("an override needs a reason", field="reason")
             details["override"] = differences

@@ -13,6 +13,7 @@ from django.db import transaction
 from registry.audit import Actor, record
 from registry.errors import SignInRefused
 from registry.roles import RANK, ROLES
+from registry.services.teams import sso_memberships, sso_team_roles
 
 
 def role_from_groups(groups: Iterable[str], role_map: Mapping[str, str]) -> str | None:
@@ -23,9 +24,10 @@ def role_from_groups(groups: Iterable[str], role_map: Mapping[str, str]) -> str 
 
 def sso_sign_in(*, username: str, email: str = "", groups: list[str],
                 role_map: Mapping[str, str], create_users: bool, request_id: str = "",
-                client_address: str = ""):
-    """The console user named `username`, created if allowed, with its role set from `groups`;
-    audited as user.sso_login (or user.sso_refused, and SignInRefused raised)."""
+                client_address: str = "", team_map: Mapping[str, str] | None = None):
+    """The console user named `username`, created if allowed, with its global role set from
+    `groups` by `role_map` and its roles in the teams `team_map` names; audited as
+    user.sso_login (or user.sso_refused, and SignInRefused raised)."""
     users = get_user_model()
     try:
         with transaction.atomic():
@@ -52,10 +54,13 @@ def sso_sign_in(*, username: str, email: str = "", groups: list[str],
                 user.save(update_fields=["email"])
             actor = Actor(user=user, name=username, request_id=request_id,
                           client_address=client_address)
+            teams = sso_memberships(user, groups, team_map or {}, actor=actor)
             record(actor, "user.sso_login", target_type="user", target=username,
                    before=None if created else {"role": before},
-                   after={"groups": sorted(groups), "role": role, "created": created},
-                   reason="" if role else "no group maps to a role: signed in without one")
+                   after={"groups": sorted(groups), "role": role, "created": created,
+                          **({"teams": teams} if teams else {})},
+                   reason="" if role or sso_team_roles(groups, team_map or {})
+                   else "no group maps to a role: signed in without one")
             return user
     except SignInRefused as exc:
         with transaction.atomic():

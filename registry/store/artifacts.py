@@ -28,6 +28,7 @@ from registry.store.blobs import (
     BlobStat,
     StoredBlob,
     check_digest,
+    check_object_key,
     stat_or_none,
 )
 from registry.store.writer import CHUNK, HashingWriter
@@ -109,6 +110,46 @@ class FileStore(ArtifactStore):
 
     def remove(self, sha256: str) -> None:
         self.path_for(sha256).unlink(missing_ok=True)
+
+    def object_path(self, key: str) -> Path:
+        return self.root / check_object_key(key)
+
+    def put_object(self, key: str, data: bytes) -> None:
+        from registry.store.files import atomic_write
+        atomic_write(self.object_path(key), lambda f: f.write(data), durable=False)
+
+    def get_object(self, key: str) -> bytes:
+        try:
+            return self.object_path(key).read_bytes()
+        except FileNotFoundError:
+            raise ArtifactUnavailable(f"object {key} is not in the store") from None
+
+    def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
+        folder = prefix.rpartition("/")[0]
+        base = self.root / check_object_key(folder) if folder else self.root
+        if not base.is_dir():
+            return
+        found = []
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if name.startswith("."):
+                    continue  # a write in progress (atomic_write's temp file)
+                path = Path(dirpath) / name
+                key = path.relative_to(self.root).as_posix()
+                if key.startswith(prefix) and (st := stat_or_none(path)) is not None:
+                    found.append((key, st.st_size))
+        yield from sorted(found)
+
+    def delete_object(self, key: str) -> None:
+        path = self.object_path(key)
+        path.unlink(missing_ok=True)
+        for parent in path.parents:  # empty partition folders go with their last file
+            if parent == self.root or not parent.is_relative_to(self.root):
+                break
+            try:
+                parent.rmdir()
+            except OSError:
+                break
 
 
 def default_store() -> ArtifactStore:

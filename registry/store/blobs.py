@@ -40,6 +40,17 @@ class ArtifactUnavailable(Exception):
     """A blob is not in the store, or its bytes do not hash to its name."""
 
 
+def check_object_key(key: str) -> str:
+    """A named object's key: slash-separated parts of letters, digits and ._-, none of them
+    empty, "." or ".." (nothing a folder store could be led out of its root by)."""
+    parts = key.split("/")
+    if not key or len(key) > 512 or any(
+            not p or p in (".", "..") or not all(c.isalnum() or c in "._-" for c in p)
+            for p in parts):
+        raise ValueError(f"not an object key: {key!r}")
+    return key
+
+
 def check_digest(sha256: str) -> str:
     if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
         raise ValueError(f"not a sha256 hex digest: {sha256!r}")
@@ -111,6 +122,23 @@ class ArtifactStore:
         return (sha for sha, _ in self.blob_stats())
 
     def blob_stats(self) -> Iterator[tuple[str, BlobStat]]:
+        raise NotImplementedError
+
+    # -- named objects (model monitoring's captured requests: registry.monitoring.capture_store)
+
+    def put_object(self, key: str, data: bytes) -> None:
+        """Store `data` under `key` ("capture/..."), whole or not at all."""
+        raise NotImplementedError
+
+    def get_object(self, key: str) -> bytes:
+        """The bytes under `key`; raises ArtifactUnavailable when there are none."""
+        raise NotImplementedError
+
+    def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
+        """(key, size) of every object whose key starts with `prefix`, in key order."""
+        raise NotImplementedError
+
+    def delete_object(self, key: str) -> None:
         raise NotImplementedError
 
     # -- removing -------------------------------------------------------------------------

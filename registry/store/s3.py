@@ -45,6 +45,7 @@ from registry.store.blobs import (
     StoredBlob,
     Temp,
     check_digest,
+    check_object_key,
 )
 from registry.store.writer import CHUNK, StreamWriter
 from serving.core.hashing import file_sha256
@@ -286,6 +287,37 @@ class S3Store(ArtifactStore):
             Bucket=self.bucket, Prefix=self.key(under))
         for page in pages:
             yield from page.get("Contents", ())
+
+    # -- named objects ---------------------------------------------------------------------
+
+    def put_object(self, key: str, data: bytes) -> None:
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self.key(check_object_key(key)),
+                                   Body=data)
+        except (BotoCoreError, ClientError) as exc:
+            raise self.unavailable(exc) from exc
+
+    def get_object(self, key: str) -> bytes:
+        try:
+            body = self.client.get_object(Bucket=self.bucket,
+                                          Key=self.key(check_object_key(key)))["Body"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise ArtifactUnavailable(f"object {key} is not in the store") from None
+            raise self.unavailable(exc) from exc
+        except BotoCoreError as exc:
+            raise self.unavailable(exc) from exc
+        try:
+            return body.read()
+        finally:
+            body.close()
+
+    def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
+        for obj in self._objects(prefix):
+            yield obj["Key"][len(self.prefix):], obj["Size"]
+
+    def delete_object(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self.key(check_object_key(key)))
 
     # -- removing -------------------------------------------------------------------------
 

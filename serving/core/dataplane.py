@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from serving.core.batching import DynamicBatcher
+from serving.core.capture import CaptureQueue, CaptureSettings, new_request_id
 from serving.core.desired_state import (
     DEFAULT_MAX_OUTPUT_BYTES,
     SCALED_TO_ZERO,
@@ -41,6 +42,9 @@ from serving.core.errors import (
     ServingError,
     Unauthorized,
 )
+from serving.core.logs import REQUEST_ID
+from serving.core.mirror import MirrorStats
+from serving.core.mirror import picked as mirror_picked
 from serving.core.operator_settings import OperatorSettings
 from serving.core.pipeline_graph import PipelineGraph
 from serving.core.rate_limits import Admission, RateLimited
@@ -190,6 +194,7 @@ class DataPlane:
         self.siblings: Any = None  # serving.process.siblings.Siblings, or None
         self.degraded: str | None = None  # why the source cannot be followed right now
         self.shadow: dict[str, ShadowStats] = {}
+        self.mirror: dict[str, MirrorStats] = {}  # a judged canary's answers, per model
         self.source: DesiredStateSource | None = None  # set by the reconciler
         self.on_repository_change = None  # async callable: reconcile now
         self.loading: dict[tuple[str, str], Any] = {}  # versions being loaded right now
@@ -203,6 +208,8 @@ class DataPlane:
         # model was last used, for the idle timeout.
         self.activity: dict[str, list] = {}
         self._background: set[asyncio.Task] = set()
+        # Data capture (serving.core.capture): no sink until the app gives it its source's.
+        self.capture = CaptureQueue(None)
 
     # -- health ------------------------------------------------------------------------------
 
@@ -388,6 +395,7 @@ class DataPlane:
                      lv: LoadedVersion | None, request: InferRequest, table: RouteTable,
                      route: ModelRoute, routing_key: str | None, trace: RequestTrace | None,
                      ) -> tuple[dict[str, np.ndarray], LoadedVersion]:
+        started = perf_counter_ns()
         if lv is None and table.asleep(model, version):
             lv, route = await self._cold_start(model, version if pinned else None, routing_key)
         if lv is None:
@@ -410,10 +418,20 @@ class DataPlane:
             outputs = await self._cached_run(model, lv, feeds, trace)
         else:
             outputs = await self._run(model, lv, feeds, trace)
-        if route.shadow is not None and route.shadow != lv.version:
-            if targets is not None:  # the client may rewrite its region once answered
-                feeds = {name: np.array(array) for name, array in feeds.items()}
+        shadow = route.shadow is not None and route.shadow != lv.version
+        mirror = (route.mirror_percent and not pinned and route.candidate is not None
+                  and lv.version == route.stable and mirror_picked(route.mirror_percent))
+        if (shadow or mirror) and targets is not None:  # the client may rewrite its region
+            feeds = {name: np.array(array) for name, array in feeds.items()}
+        if shadow:
             self._spawn(self._shadow(model, route.shadow, feeds, outputs))
+        if mirror:
+            self._spawn(self._mirror(model, route.candidate, lv.version, feeds, outputs))
+        if route.capture.percent > 0 and self.capture.sampled(route.capture):
+            if targets is not None and not (shadow or mirror):  # not copied above yet
+                feeds = {name: np.array(array) for name, array in feeds.items()}
+            self._capture(model, lv.version, capture_role(route, lv.version, pinned),
+                          started, feeds, outputs, route.capture)
         if targets:
             write_outputs(targets, outputs)
         return outputs, lv
@@ -500,6 +518,18 @@ class DataPlane:
         lv.retired = True
         self.response_cache.drop(lv)
 
+    def _capture(self, model: str, version: str, role: str, started_ns: int, feeds: dict,
+                 outputs: dict, settings: CaptureSettings) -> None:
+        """Offer one answered request to the capture queue (never blocks; full: dropped). A
+        request without an id gets one here, which the front returns (X-Request-Id)."""
+        request_id = REQUEST_ID.get()
+        if not request_id and role != "shadow":
+            request_id = new_request_id()
+            REQUEST_ID.set(request_id)
+        self.capture.offer(request_id=request_id, model=model, version=version, role=role,
+                           latency_ms=(perf_counter_ns() - started_ns) / 1e6, inputs=feeds,
+                           outputs=outputs, settings=settings)
+
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
@@ -525,6 +555,10 @@ class DataPlane:
             stats.last_error = str(exc)[:300]
             return
         stats.latency_ns += perf_counter_ns() - started
+        route = self.table.routes.get(model)
+        if route is not None and route.capture.percent > 0 and self.capture.sampled(
+                route.capture):
+            self._capture(model, version, "shadow", started, feeds, out, route.capture)
         for name, a in live.items():
             b = out.get(name)
             if b is None or a.shape != b.shape or a.dtype.kind not in "biuf" or not a.size:
@@ -538,6 +572,27 @@ class DataPlane:
                 stats.compared_rows += rows.shape[0]
                 stats.argmax_agree += int(np.sum(rows.argmax(1) == other.argmax(1)))
             break  # the first comparable output decides agreement
+
+    async def _mirror(self, model: str, version: str, stable: str, feeds: dict,
+                      answered: dict) -> None:
+        """Fire-and-forget: the candidate answers what the stable just answered; the two are
+        compared (serving.core.mirror), never returned. The candidate's batcher counts it as
+        a request like any other (the same model ran it), so its error rate and latency are
+        judged on its share and the mirrored copies together."""
+        stats = self.mirror.get(model)
+        if stats is None or (stats.version, stats.against) != (version, stable):
+            stats = self.mirror[model] = MirrorStats(version, stable)
+        try:
+            lv = self.table.loaded.get((model, version))
+            if lv is None:
+                raise ModelNotReady(f"candidate version '{version}' is not loaded")
+            feeds = validate_inputs([_Fed(n, a) for n, a in feeds.items()], lv.signature,
+                                    lv.max_batch_size)
+            out = await lv.batcher.infer(feeds)
+        except Exception as exc:  # noqa: BLE001 - a mirrored failure is data, not an error
+            stats.failed(exc)
+            return
+        stats.compare(answered, out)
 
     # -- statistics and repository -----------------------------------------------------------
 
@@ -707,6 +762,15 @@ def triton_ensemble_config(*, name: str, signature: dict, max_batch_size: int,
         })
     config["ensemble_scheduling"] = {"step": steps}
     return config
+
+
+def capture_role(route: ModelRoute, version: str, pinned: bool) -> str:
+    """The route role a captured answer is filed under."""
+    if pinned:
+        return "pinned"
+    if version == route.candidate and version != route.stable and not route.live_color:
+        return "candidate"
+    return "stable"
 
 
 def version_order(version: str) -> tuple[int, int, str]:

@@ -9,6 +9,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from serving.core.capture import CAPTURE_OFF, CaptureSettings
 from serving.core.errors import NotSupported
 from serving.core.pipeline_graph import PipelineGraph
 from serving.core.rate_limits import NO_LIMITS, Limits, PredictKey
@@ -90,6 +91,10 @@ class ModelRoute:
     green: str | None = None
     live_color: str | None = None
     shadow: str | None = None
+    # While a canary analysis judges the candidate's answers: this share (whole percent) of
+    # the stable's requests also runs on the candidate, compared, never returned
+    # (serving/core/mirror.py).
+    mirror_percent: int = 0
     warm: tuple[str, ...] = ()
     api_key_hashes: frozenset[str] = frozenset()
     # The endpoint is protected (or the registry requires predict keys everywhere,
@@ -102,6 +107,8 @@ class ModelRoute:
     # Scale to zero: after this many seconds with no request (and none in flight) a replica
     # unloads the model's versions and reloads them on the next request; 0 = never.
     scale_to_zero_after_s: float = 0
+    # Data capture of the endpoint (serving.core.capture): off unless its percent is above 0.
+    capture: CaptureSettings = CAPTURE_OFF
 
     def key(self, key_hash: str | None) -> PredictKey | None:
         """The key behind an accepted hash (None: the endpoint is open, no key was needed)."""

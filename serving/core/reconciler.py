@@ -460,10 +460,17 @@ class Reconciler(ScaleToZero):
             versions[f"{model}:{version}"] = {
                 "state": "READY", "reason": None, "providers": list(lv.runtime.providers),
                 "queue_depth": lv.batcher.queue_depth, "stats": lv.stats.snapshot()}
+            captured = self.dataplane.capture.snapshot(model, version)
+            if captured is not None:
+                versions[f"{model}:{version}"]["capture"] = captured
         for model, shadow in self.dataplane.shadow.items():
             key = f"{model}:{shadow.version}"
             if key in versions:
                 versions[key]["shadow"] = shadow.to_json()
+        for model, mirror in self.dataplane.mirror.items():
+            key = f"{model}:{mirror.version}"
+            if key in versions:
+                versions[key]["mirror"] = mirror.to_json()
         for (model, version), (_spec, reason) in self._failed.items():
             versions.setdefault(f"{model}:{version}", {
                 "state": "FAILED", "reason": reason, "providers": [], "queue_depth": 0})

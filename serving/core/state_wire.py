@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from serving.core.capture import MODES, CaptureSettings
 from serving.core.desired_state import (
     BatchingConfig,
     DesiredState,
@@ -41,11 +42,14 @@ def _route(route: ModelRoute) -> dict:
         "stable": route.stable, "candidate": route.candidate,
         "candidate_weight": route.candidate_weight, "blue": route.blue, "green": route.green,
         "live_color": route.live_color, "shadow": route.shadow, "warm": list(route.warm),
+        "mirror_percent": route.mirror_percent,
         "api_key_hashes": sorted(route.api_key_hashes), "keys_required": route.keys_required,
         "limits": _limits(route.limits),
         "keys": {h: {"label": k.label, "limits": _limits(k.limits)}
                  for h, k in sorted(route.keys.items())},
         "scale_to_zero_after_s": route.scale_to_zero_after_s,
+        "capture": {"percent": route.capture.percent, "mode": route.capture.mode,
+                    "max_bytes": route.capture.max_bytes},
     }
 
 
@@ -125,6 +129,20 @@ def _text(doc: dict, key: str, where: str) -> str | None:
     return _get(doc, key, str, where, optional=True)
 
 
+def _decode_capture(doc, where: str) -> CaptureSettings:
+    doc = _obj(doc, where)
+    percent = _get(doc, "percent", float, where, default=0.0)
+    mode = _get(doc, "mode", str, where, default="both")
+    max_bytes = _get(doc, "max_bytes", int, where, default=CaptureSettings.max_bytes)
+    if not 0 <= percent <= 100:
+        raise WireError(f"{where}.percent: {percent} is not 0-100")
+    if mode not in MODES:
+        raise WireError(f"{where}.mode: {mode!r} is not one of {', '.join(MODES)}")
+    if max_bytes < 0:
+        raise WireError(f"{where}.max_bytes: {max_bytes} is negative")
+    return CaptureSettings(percent=percent, mode=mode, max_bytes=max_bytes)
+
+
 def _decode_route(model: str, doc, where: str) -> ModelRoute:
     doc = _obj(doc, where)
     keys = {}
@@ -139,6 +157,9 @@ def _decode_route(model: str, doc, where: str) -> ModelRoute:
     weight = _get(doc, "candidate_weight", int, where, default=0)
     if not 0 <= weight <= 100:
         raise WireError(f"{where}.candidate_weight: {weight} is not 0-100")
+    mirror = _get(doc, "mirror_percent", int, where, default=0)
+    if not 0 <= mirror <= 100:
+        raise WireError(f"{where}.mirror_percent: {mirror} is not 0-100")
     color = _text(doc, "live_color", where)
     if color not in (None, "blue", "green"):
         raise WireError(f"{where}.live_color: {color!r} is not blue or green")
@@ -146,10 +167,11 @@ def _decode_route(model: str, doc, where: str) -> ModelRoute:
         model=model, stable=_text(doc, "stable", where), candidate=_text(doc, "candidate", where),
         candidate_weight=weight, blue=_text(doc, "blue", where),
         green=_text(doc, "green", where), live_color=color, shadow=_text(doc, "shadow", where),
-        warm=tuple(warm), api_key_hashes=frozenset(hashes),
+        warm=tuple(warm), api_key_hashes=frozenset(hashes), mirror_percent=mirror,
         keys_required=_get(doc, "keys_required", bool, where, default=False),
         limits=_decode_limits(doc.get("limits", {}), f"{where}.limits"), keys=keys,
-        scale_to_zero_after_s=_get(doc, "scale_to_zero_after_s", float, where, default=0.0))
+        scale_to_zero_after_s=_get(doc, "scale_to_zero_after_s", float, where, default=0.0),
+        capture=_decode_capture(doc.get("capture", {}), f"{where}.capture"))
 
 
 def _decode_spec(doc, where: str, artifact_path: Callable[[str], str],

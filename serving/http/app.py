@@ -19,6 +19,7 @@ from time import perf_counter_ns
 
 import orjson
 
+from serving.core.capture import CaptureQueue, capture_metrics
 from serving.core.dataplane import DataPlane, with_key
 from serving.core.desired_state import DEFAULT_MAX_OUTPUT_BYTES, DesiredStateSource
 from serving.core.errors import (
@@ -171,6 +172,7 @@ class _Metrics:
             if s.compared_rows:
                 shadow.add_metric([model, s.version], s.argmax_agree / s.compared_rows)
         yield shadow
+        yield from capture_metrics(dp.capture)
         admission = dp.admission
         requests = CounterMetricFamily(
             "mmc_predict_requests", "Inference requests let in by the rate limits and quotas, "
@@ -287,6 +289,8 @@ class ServingApp:
             self._trim_task = None
         if self.dataplane.operator.board is not None:
             await self.dataplane.operator.board.stop()
+        # captured records still queued are written before the process ends
+        await asyncio.get_running_loop().run_in_executor(None, self.dataplane.capture.stop)
         if self._tracing.exporting:  # the spans still buffered go out before the process ends
             await asyncio.get_running_loop().run_in_executor(None, self._tracing.flush)
         if self.dataplane.shared_memory is not None:  # every region unmapped
@@ -580,10 +584,14 @@ def _infer_answer(model: str, request, outputs, lv) -> tuple[bytes, list[tuple[b
     version_header = lv.transport_cache.get("http")
     if version_header is None:
         version_header = lv.transport_cache["http"] = (b"x-model-version", lv.version.encode())
+    named = (version_header,)
+    request_id = REQUEST_ID.get()
+    if request_id and request_id != request.id:  # X-Request-Id's, or one capture gave it
+        named = (version_header, (b"x-request-id", request_id.encode("latin-1", "replace")))
     if len(headers) == 1:  # JSON answer: the common case, prebuilt tuples
-        return out, [_CT_JSON, version_header, (b"content-length", b"%d" % len(out))]
+        return out, [_CT_JSON, *named, (b"content-length", b"%d" % len(out))]
     raw = _headers(headers)
-    raw.append(version_header)
+    raw.extend(named)
     raw.append((b"content-length", b"%d" % len(out)))
     return out, raw
 
@@ -664,6 +672,7 @@ def create_app(source: DesiredStateSource, *, replica: str,
                           tracing=Tracing.from_env(service="mmc-serve", instance=replica),
                           response_cache_bytes=settings.response_cache_bytes,
                           shared_memory=shared_memory_registry(settings.limits))
+    dataplane.capture = CaptureQueue.from_env(getattr(source, "store_capture", None))
     dataplane.siblings = siblings.from_environment(replica, dataplane.all_stats,
                                                    counters=admission.counters)
     if dataplane.siblings is not None:  # log and trace settings changed on one worker reach all

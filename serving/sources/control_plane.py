@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from serving.core.capture import CaptureFile
 from serving.core.desired_state import DesiredState, ObservedState, VersionSpec
 from serving.core.errors import Conflict, Forbidden, InvalidInput, ModelNotFound, Unauthorized
 from serving.core.reconciler import LoadFailed
@@ -35,6 +36,7 @@ from serving.core.state_wire import (
 log = logging.getLogger(__name__)
 
 STATE = "/api/v1/replica/desired-state"
+CAPTURE = "/api/v1/replica/capture"
 #: How long one long poll waits on the control plane before it answers 304.
 WAIT_SECONDS = 25.0
 CHUNK = 1024 * 1024
@@ -85,6 +87,8 @@ class HttpRegistrySource:
             return httpx.Client(base_url=self.url, headers=headers, timeout=timeout,
                                 transport=transport, follow_redirects=False)
 
+        self._make_client = client
+        self._capture_client: httpx.Client | None = None  # the capture flusher's, made on use
         self._client = client()  # the reconciler's thread: heartbeats, artifacts, first fetch
         self._poll_client = client()  # the long poll's own thread
         self._lock = threading.Lock()
@@ -209,6 +213,19 @@ class HttpRegistrySource:
         except httpx.HTTPError as exc:
             raise SourceUnavailable(f"the control plane at {self.url} did not answer: "
                                     f"{type(exc).__name__}: {exc}") from None
+
+    def store_capture(self, file: CaptureFile) -> None:
+        """A capture file to the control plane (POST /api/v1/replica/capture, the Parquet
+        bytes as they are), which checks and stores it; on the capture queue's flusher thread,
+        with a client of its own."""
+        with self._lock:
+            client = self._capture_client
+            if client is None:
+                client = self._capture_client = self._make_client()
+        response = self._request("POST", CAPTURE, client=client, content=file.payload,
+                                 headers={"Content-Type": "application/vnd.apache.parquet"})
+        if response.status_code != 204:
+            raise SourceUnavailable(_why(response))
 
     def leave(self, replica: str) -> None:
         response = self._request("DELETE", f"/api/v1/replica/heartbeats/{replica}")

@@ -11,7 +11,9 @@ under $MMC_TRT_CACHE_DIR or <root>/.trt-cache), stable (default: the highest ver
 candidate + candidate_weight, shadow, api_key_sha256 (list of hex digests), limits ({rps, burst,
 daily_quota}: the endpoint's, serving.core.rate_limits), api_keys (list of {sha256, label, rps,
 burst, daily_quota}: keys with a label and limits of their own), scale_to_zero_after_seconds (unload
-the model after that long without a request, reload on the next; 0: never). Every version found
+the model after that long without a request, reload on the next; 0: never), capture ({percent,
+mode, max_bytes}: data capture, written under $MMC_CAPTURE_DIR in the artifact store's layout,
+capture/<model>/<day>/<hour>/; without that folder capture is off). Every version found
 is loaded (pinnable); unpinned traffic goes to the stable (and candidate). Load/unload through
 the v2 repository API is not offered: edit the folder (or use the registry).
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import orjson
 
+from serving.core.capture import MODES, CaptureSettings, FolderCaptureSink
 from serving.core.desired_state import (
     BatchingConfig,
     DesiredState,
@@ -57,6 +60,21 @@ def _idle_seconds(config: dict, model_dir: Path) -> float:
         raise ValueError(f"{model_dir}/config.json: scale_to_zero_after_seconds must be 0 "
                          f"(never) or more seconds, got {value!r}")
     return float(value)
+
+
+def _capture(doc: dict, model_dir: Path) -> CaptureSettings:
+    percent = doc.get("percent", 0)
+    mode = doc.get("mode", "both")
+    max_bytes = doc.get("max_bytes", CaptureSettings.max_bytes)
+    if isinstance(percent, bool) or not isinstance(percent, int | float) \
+            or not 0 <= percent <= 100:
+        raise ValueError(f"{model_dir}/config.json: capture.percent must be 0 to 100")
+    if mode not in MODES:
+        raise ValueError(f"{model_dir}/config.json: capture.mode must be one of "
+                         f"{', '.join(MODES)}")
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+        raise ValueError(f"{model_dir}/config.json: capture.max_bytes must be a byte count")
+    return CaptureSettings(percent=float(percent), mode=mode, max_bytes=max_bytes)
 
 
 def _limits(doc: dict, model_dir: Path) -> Limits:
@@ -97,6 +115,9 @@ class RepositorySource(ReadOnlySource):
         self.observed: ObservedState | None = None  # the last heartbeat, for tests and debugging
         self._cache: dict[tuple[str, int, int], tuple[str, dict]] = {}
         self._lock = threading.Lock()
+        capture_dir = os.environ.get("MMC_CAPTURE_DIR") or ""
+        if capture_dir:  # offered only with a folder: serving.http.app looks for the method
+            self.store_capture = FolderCaptureSink(capture_dir)
 
     # -- DesiredStateSource ------------------------------------------------------------------
 
@@ -145,6 +166,7 @@ class RepositorySource(ReadOnlySource):
                 limits=_limits(config.get("limits") or {}, model_dir),
                 keys=keys,
                 scale_to_zero_after_s=_idle_seconds(config, model_dir),
+                capture=_capture(config.get("capture") or {}, model_dir),
             )
         return DesiredState(revision=revision, routes=routes, versions=versions)
 

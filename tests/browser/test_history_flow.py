@@ -34,7 +34,8 @@ def test_picking_24_hours_shows_yesterdays_rollout_markers(live_server, users, p
     page.wait_for_selector("#chart-rps .series[data-label='v3 stable']")
     assert page.locator("#chart-rps g.event").count() == 0  # 15 min: yesterday is outside
     page.evaluate("window.__sameDocument = true")
-    page.get_by_role("link", name="24 hours").click()
+    page.get_by_role("navigation", name="Chart time range").get_by_role(
+        "link", name="24 hours").click()
     page.wait_for_selector("#chart-rps g.event[data-event='3']")
     assert page.evaluate("window.__sameDocument") is True  # swapped in place, no reload
     assert page.url.endswith("/models/fraud/deployment/?range=24h")

@@ -44,7 +44,8 @@ def test_sso_button_signs_in_on_the_provider_and_lands_with_the_mapped_role(
     assert page.get_by_role("link", name="Jobs").is_visible()  # engineers see Jobs
     shot(page, "sso-03-signed-in")
     me = page.request.get(f"{base}/api/v1/me/")  # the browser's session, not a token
-    assert me.json() == {"username": "alice", "role": "engineer", "token": None}  # a session
+    assert me.json() == {"username": "alice", "role": "engineer", "token": None,  # a session
+                         "teams": [{"team": "default", "role": "approver"}]}
     assert csp_reports == []
 
     page.get_by_role("button", name="Log out").click()

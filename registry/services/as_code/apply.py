@@ -20,7 +20,7 @@ from django.db import transaction
 from registry.audit import Actor, record
 from registry.errors import Forbidden, LifecycleError, RegistryError
 from registry.models import RegisteredModel
-from registry.roles import has_role
+from registry.roles import has_role, require_model
 from registry.services.as_code.document import read, text_sha256
 from registry.services.as_code.plan import Change, model_changes, resolve, webhook_changes
 from registry.services.as_code.state import models_state, webhooks_state
@@ -71,6 +71,8 @@ def _changes(document: dict, *, actor: Actor, prune: bool,
     # revision row only after every model the apply touches is held.
     list(RegisteredModel.objects.select_for_update().filter(name__in=names).order_by("name")
          .values_list("pk", flat=True))
+    for name in names if actor.user is not None else ():  # the system acts everywhere
+        require_model(actor.user, name, "engineer")  # another team's model: "does not exist"
     states = models_state(names)
     wanted = resolve(document, states)
     changes: list[Change] = []
@@ -139,6 +141,7 @@ def config_apply(*, text: str, actor: Actor, source: str = "", prune: bool = Fal
     """Make the registry what the file says, all or nothing (see the module's docstring)."""
     sha256 = text_sha256(text)
     secrets = secrets or {}
+    document: dict = {}
     try:
         document = read(text)
         with transaction.atomic():
@@ -160,6 +163,7 @@ def config_apply(*, text: str, actor: Actor, source: str = "", prune: bool = Fal
             record(actor, REFUSED, target_type="config", target=_target(source, sha256),
                    reason=_reason(source, sha256),
                    after={"sha256": sha256, "source": source, "prune": prune,
-                          "error": exc.message, "field": exc.field})
+                          "error": exc.message, "field": exc.field,
+                          "models": sorted(document.get("models") or {})})
         raise
     return replace(outcome, audit_event=event.pk)

@@ -14,9 +14,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from registry.errors import InvalidRequest
-from registry.models import WebhookSubscription
+from registry.models import Endpoint, WebhookSubscription
+from registry.monitoring.capture import capture_settings_of
 from registry.routing import AnalysisPlan
-from registry.services import catalog, deployments, limits, rollouts, scaling, versions
+from registry.services import (
+    capture,
+    catalog,
+    deployments,
+    limits,
+    rollouts,
+    scaling,
+    teams,
+    versions,
+)
 from registry.services import webhooks as hooks
 from registry.services.as_code.document import refused
 from registry.services.as_code.state import ModelState, webhook_entry
@@ -24,9 +34,10 @@ from registry.services.as_code.transitions import Route, route_steps
 
 # Phases, in the order an apply runs them.
 MODELS, WEBHOOKS, SETTINGS, ALIASES, ROUTING = range(5)
-ATTRIBUTES = ("description", "tags", "requires_approval")
+ATTRIBUTES = ("description", "tags", "requires_approval", "team")
 NEW_ENDPOINT = {"scale_to_zero_after_seconds": 0,
-                "rate_limits": {"rps": 0.0, "burst": 0, "daily_quota": 0}}
+                "rate_limits": {"rps": 0.0, "burst": 0, "daily_quota": 0},
+                "capture": capture_settings_of(Endpoint())}  # a new endpoint's defaults
 NEW_WEBHOOK = {"model": None, "name": "", "events": [], "active": True}
 #: The state machine's operations a routing step names (transitions.Step.service).
 ROUTING_SERVICES: dict[str, Callable[..., Any]] = {
@@ -168,13 +179,20 @@ def model_changes(name: str, state: ModelState, wanted: dict[str, Any],
     if not state.exists:
         calls = [Call(MODELS, catalog.model_create, {
             "name": name, "description": attributes.get("description", ""),
-            "tags": attributes.get("tags", [])}, "create the model")]
+            "tags": attributes.get("tags", []), "team": attributes.get("team")},
+            "create the model")]
         if attributes.get("requires_approval"):
             calls.append(Call(MODELS, catalog.model_update, {
                 "name": name, "requires_approval": True}, "require approval"))
         changes.append(Change(f"model {name}", "create", None, attributes, tuple(calls)))
     else:
         before, after = _differing(state.attributes, attributes)
+        if "team" in after:
+            changes.append(Change(f"model {name}", "update", {"team": before.pop("team")},
+                                  {"team": after["team"]}, (Call(
+                                      MODELS, teams.model_move,
+                                      {"name": name, "team": after.pop("team")},
+                                      f"move to the team {attributes['team']}"),)))
         if after:
             changes.append(Change(f"model {name}", "update", before, after, (Call(
                 MODELS, catalog.model_update, {"name": name, **after},
@@ -230,6 +248,13 @@ def endpoint_change(name: str, state: ModelState, wanted: dict[str, Any]) -> Cha
         before["rate_limits"], after["rate_limits"] = limits_before, limits_after
         calls.append(Call(SETTINGS, limits.limits_set, {"model_name": name, **limits_after},
                           "set " + ", ".join(f"{k} to {v:g}" for k, v in limits_after.items()),
+                          reason=True))
+    capture_before, capture_after = _differing(current["capture"], wanted.get("capture", {}))
+    if capture_after:
+        before["capture"], after["capture"] = capture_before, capture_after
+        calls.append(Call(SETTINGS, capture.capture_set,
+                          {"model_name": name, "values": capture_after},
+                          "capture " + ", ".join(f"{k} {v}" for k, v in capture_after.items()),
                           reason=True))
     route = Route.from_file(wanted)
     steps = route_steps(state.route, route) if route is not None else []

@@ -11,6 +11,8 @@ from typing import Any
 import yaml
 
 from registry.models import Alias, Endpoint, ModelVersion, RegisteredModel, WebhookSubscription
+from registry.monitoring.capture import capture_settings_of
+from registry.roles import visible_models
 from registry.routing import ANALYSING, BLUE_GREEN, CANARY, UNLOADING
 from registry.services.as_code.transitions import Route
 from registry.services.limits import limits_of
@@ -64,13 +66,16 @@ def route_of(endpoint: Endpoint, numbers: dict[int, int]) -> Route:
 
 def endpoint_settings(endpoint: Endpoint) -> dict[str, Any]:
     return {"scale_to_zero_after_seconds": endpoint.scale_to_zero_after_seconds,
-            "rate_limits": limits_of(endpoint)}
+            "rate_limits": limits_of(endpoint), "capture": capture_settings_of(endpoint)}
 
 
-def models_state(names: list[str] | None = None, *,
-                 include_archived: bool = True) -> dict[str, ModelState]:
-    """The named models (every model when None), each with what the file can say of it."""
-    models = RegisteredModel.objects.order_by("name")
+def models_state(names: list[str] | None = None, *, include_archived: bool = True,
+                 user=None) -> dict[str, ModelState]:
+    """The named models (every model when None; with `user`, every model that user may see),
+    each with what the file can say of it."""
+    models = RegisteredModel.objects.select_related("team").order_by("name")
+    if user is not None:
+        models = visible_models(models, user)
     if names is not None:
         models = models.filter(name__in=names)
     if not include_archived:
@@ -81,7 +86,7 @@ def models_state(names: list[str] | None = None, *,
         out[m.name] = ModelState(
             name=m.name, exists=True, archived=m.archived,
             attributes={"description": m.description, "tags": sorted(m.tags or []),
-                        "requires_approval": m.requires_approval})
+                        "requires_approval": m.requires_approval, "team": m.team.name})
     numbers: dict[int, int] = {}
     for v in ModelVersion.objects.filter(model_id__in=found).only(
             "model_id", "number", "sha256", "pipeline", *SERVING_FIELDS):
@@ -116,13 +121,14 @@ def webhook_entry(sub: WebhookSubscription) -> dict[str, Any]:
 # -- export -------------------------------------------------------------------------------------
 
 
-def export_document(*, include_webhooks: bool) -> dict[str, Any]:
-    """Today's state as an mmc.yaml document: every model that is not archived, with its
+def export_document(*, include_webhooks: bool, user=None) -> dict[str, Any]:
+    """Today's state as an mmc.yaml document: every model that is not archived (that `user`
+    may see, when given), with its
     aliases, the serving settings that differ from a new version's (for the versions its
     endpoint routes or an alias names), and its endpoint if it has one; the webhooks (without
     their secrets) when `include_webhooks`."""
     models = {}
-    for name, state in models_state(include_archived=False).items():
+    for name, state in models_state(include_archived=False, user=user).items():
         entry: dict[str, Any] = dict(state.attributes)
         if state.aliases:
             entry["aliases"] = dict(sorted(state.aliases.items()))
@@ -161,7 +167,8 @@ HEADER = """\
 """
 
 
-def export_text(*, include_webhooks: bool, schema_url: str) -> str:
-    body = yaml.safe_dump(export_document(include_webhooks=include_webhooks), sort_keys=False,
+def export_text(*, include_webhooks: bool, schema_url: str, user=None) -> str:
+    body = yaml.safe_dump(export_document(include_webhooks=include_webhooks, user=user),
+                          sort_keys=False,
                           default_flow_style=False, allow_unicode=True)
     return HEADER.format(schema_url=schema_url) + body

@@ -1,0 +1,166 @@
+"""Data capture's cost on one `mmc-serve` replica, against capture off in the same run.
+
+    .venv/bin/python bench/capture.py [--seconds 15] [--rounds 2] [--conc 32]
+
+An MLP (64 -> 256 -> 256 -> 10, the serving bench's) in a model repository, served three ways in
+turn, `--rounds` times interleaved (off, 10 %, 100 %, off, ...): capture off, capture of 10 % and of
+100 % of requests (inputs and outputs, MMC_CAPTURE_DIR a fresh folder). Each run: a warm-up, then
+wrk -t1 -c<conc> for --seconds on v2 JSON, the replica's resident memory (VmRSS) before and after,
+the replica's captured/dropped counters, and the bytes its capture folder holds. Reports medians
+per setting, ratios to off, and bytes stored per million requests; writes the table to stdout and
+bench/results/capture-<date>.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from bench.scale_to_zero import free_port, rss  # noqa: E402  one copy of the bench's helpers
+
+BODY = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]}
+SETTINGS = {"off": 0, "10 %": 10, "100 %": 100}
+MB = 1024 * 1024
+
+
+def folder_bytes(root: Path) -> tuple[int, int]:
+    """(bytes, files) of the capture files under `root`."""
+    files = [f for f in root.rglob("*") if f.is_file() and not f.name.startswith(".")]
+    return sum(f.stat().st_size for f in files), len(files)
+
+
+def counter(metrics: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith(name + "{"))
+
+
+def wrk(url: str, body: Path, conc: int, seconds: int) -> dict:
+    env = {**os.environ, "BENCH_BODY": str(body)}
+    p = subprocess.run(["wrk", "-t1", f"-c{conc}", f"-d{seconds}s", "--timeout", "10s", "-s",
+                        str(REPO / "bench" / "wrk" / "json.lua"), url],
+                       env=env, capture_output=True, text=True, timeout=seconds + 60)
+    m = re.search(r"^BENCH_RESULT (\{.*\})$", p.stdout, re.M)
+    if p.returncode != 0 or not m:
+        raise RuntimeError(f"wrk failed: {p.stdout[-500:]} {p.stderr[-500:]}")
+    return json.loads(m.group(1))
+
+
+def run_one(percent: float, root: Path, body: Path, args) -> dict:
+    import httpx
+
+    capture = root / f"capture-{percent:g}-{time.monotonic_ns()}"
+    (root / "repo" / "mlp" / "config.json").write_text(json.dumps(
+        {"max_batch_size": 8, "max_queue_delay_us": 0,
+         "capture": {"percent": percent, "mode": "both"}}))
+    port = free_port()
+    env = {**os.environ, "MMC_CAPTURE_DIR": str(capture)}
+    proc = subprocess.Popen([str(REPO / ".venv/bin/mmc-serve"), "--model-repository",
+                             str(root / "repo"), "--host", "127.0.0.1", "--port", str(port),
+                             "--workers", "1"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            deadline = time.time() + 60
+            while True:
+                try:
+                    if http.get("/v2/health/ready").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.time() > deadline:
+                    raise RuntimeError("mmc-serve did not become ready")
+                time.sleep(0.2)
+            r = http.post("/v2/models/mlp/infer", json=BODY)
+            assert r.status_code == 200 and len(r.json()["outputs"][0]["data"]) == 10, r.text
+            wrk(f"{url}/v2/models/mlp/infer", body, args.conc, 3)  # warm-up
+            before = rss(proc.pid)
+            res = wrk(f"{url}/v2/models/mlp/infer", body, args.conc, args.seconds)
+            after = rss(proc.pid)
+            time.sleep(3)  # the flusher's last batch
+            metrics = http.get("/metrics").text
+        res.update(rss_before=before, rss_after=after,
+                   captured=counter(metrics, "mmc_capture_records_total"),
+                   dropped=counter(metrics, "mmc_capture_dropped_total"))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    res["bytes"], res["files"] = folder_bytes(capture) if capture.exists() else (0, 0)
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seconds", type=int, default=15)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--conc", type=int, default=32)
+    p.add_argument("--out", default=str(REPO / "bench" / "results"
+                                        / f"capture-{datetime.now(UTC):%Y-%m-%d}.md"))
+    args = p.parse_args()
+    from registry import samples
+
+    runs: dict[str, list[dict]] = {k: [] for k in SETTINGS}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "repo" / "mlp" / "1").mkdir(parents=True)
+        (root / "repo" / "mlp" / "1" / "model.onnx").write_bytes(samples.mlp())
+        body = root / "body.json"
+        body.write_text(json.dumps(BODY))
+        for rnd in range(args.rounds):
+            for name, percent in SETTINGS.items():
+                res = run_one(percent, root, body, args)
+                runs[name].append(res)
+                print(f"round {rnd + 1} {name:>6}: {res['rps']:8.0f} req/s  p99 "
+                      f"{res['p99_us'] / 1000:6.2f} ms  non2xx {res['non2xx']}  captured "
+                      f"{res['captured']:.0f} dropped {res['dropped']:.0f}  "
+                      f"{res['bytes'] / MB:.2f} MB", file=sys.stderr, flush=True)
+    med = {k: {f: statistics.median(r[f] for r in v) for f in (
+        "rps", "p99_us", "rss_before", "rss_after")} for k, v in runs.items()}
+    base = med["off"]
+    lines = [
+        f"# Data capture: cost against capture off ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC)",
+        "",
+        f"`bench/capture.py --seconds {args.seconds} --rounds {args.rounds} --conc "
+        f"{args.conc}`: one `mmc-serve --workers 1` replica, MLP 64→256→256→10, v2 JSON, "
+        f"wrk -t1 -c{args.conc}, settings interleaved, medians of {args.rounds} rounds; "
+        f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), shared with "
+        "other work while it ran (ratios, not absolute figures, are the result).",
+        "",
+        "| capture | req/s | × off | p99 ms | × off | RSS growth MB | captured | dropped | "
+        "bytes stored / 1 M requests |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, v in runs.items():
+        m = med[name]
+        captured = sum(r["captured"] for r in v)
+        stored = sum(r["bytes"] for r in v)
+        per_million = f"{stored / captured * 1e6 / MB:,.0f} MB" if captured else "—"
+        if name != "off" and SETTINGS[name] < 100 and captured:
+            per_million += f" ({stored / captured * 1e6 * SETTINGS[name] / 100 / MB:,.0f} MB " \
+                           "at this sampling)"
+        lines.append(
+            f"| {name} | {m['rps']:,.0f} | {m['rps'] / base['rps']:.2f} | "
+            f"{m['p99_us'] / 1000:.2f} | {m['p99_us'] / base['p99_us']:.2f} | "
+            f"{(m['rss_after'] - m['rss_before']) / MB:+.1f} | {captured:,.0f} | "
+            f"{sum(r['dropped'] for r in v):,.0f} | {per_million} |")
+    lines += ["", "Non-2xx answers in all runs: "
+              f"{sum(r['non2xx'] for v in runs.values() for r in v)}.", ""]
+    text = "\n".join(lines)
+    print(text)
+    Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
