@@ -106,8 +106,8 @@ def main() -> None:
     p.add_argument("--seconds", type=int, default=15)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--conc", type=int, default=32)
-    p.add_argument("--out", default=str(REPO / "bench" / "results"
-                                        / f"capture-{datetime.now(UTC):%Y-%m-%d}.md"))
+    p.add_argument("--out", help="the table's file (default: a new file in bench/results/, "
+                   "never one that is there: a day's lab note keeps its name)")
     args = p.parse_args()
     from registry import samples
 
@@ -159,7 +159,19 @@ def main() -> None:
               f"{sum(r['non2xx'] for v in runs.values() for r in v)}.", ""]
     text = "\n".join(lines)
     print(text)
-    Path(args.out).write_text(text)
+    out = Path(args.out) if args.out else new_result_file("capture-server")
+    out.write_text(text)
+    print(f"written to {out}", file=sys.stderr)
+
+
+def new_result_file(stem: str) -> Path:
+    """bench/results/<stem>-<day>.md, or -2, -3 ... after it: a new file, never one there."""
+    base = REPO / "bench" / "results" / f"{stem}-{datetime.now(UTC):%Y-%m-%d}"
+    path, n = base.with_suffix(".md"), 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}.md")
+    return path
 
 
 if __name__ == "__main__":

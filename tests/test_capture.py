@@ -199,10 +199,14 @@ def test_a_capture_file_is_one_line_away_from_a_data_frame(tmp_path):
     assert list(df["inputs.x.shape"][0]) == [1, 64] and list(df["mode"]) == ["inputs"] * 3
 
 
-def test_a_replica_loads_pyarrow_only_when_it_first_writes_a_capture_file():
+def test_a_replica_loads_pyarrow_only_when_it_first_writes_a_capture_file_and_never_pandas():
+    import importlib.util
     import subprocess
     import sys
 
+    # pandas is installed here (the docs open capture files with it): pyarrow's first
+    # pa.array() would import it (~1 s with the GIL held in a serving process, ~40 MB)
+    assert importlib.util.find_spec("pandas") is not None
     code = ("import sys, time, numpy as np\n"
             "import serving.http.app\n"
             "from serving.core.capture import CaptureQueue, CaptureSettings\n"
@@ -211,10 +215,45 @@ def test_a_replica_loads_pyarrow_only_when_it_first_writes_a_capture_file():
             "        inputs={'x': np.ones(2)}, outputs=None, settings=CaptureSettings(100))\n"
             "print('pyarrow' in sys.modules, end=' ')\n"
             "q.flush()\n"
-            "print('pyarrow' in sys.modules)\n")
+            "print('pyarrow' in sys.modules, 'pandas' in sys.modules, end=' ')\n"
+            "from registry.monitoring import capture_store\n"
+            "import pandas\n"  # a user's own import still works afterwards
+            "print(pandas.__name__)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, cwd=str(REPO))
-    assert out.stdout.strip() == "False True", out.stderr[-2000:]
+    assert out.stdout.strip() == "False True False pandas", out.stderr[-2000:]
+
+
+def test_the_flusher_writes_whole_batches_under_steady_traffic_and_the_rest_on_its_tick():
+    import threading
+
+    files: list = []
+    writing, written = threading.Event(), threading.Event()
+
+    def slow_sink(file) -> None:  # records keep arriving while a file is written
+        writing.set()
+        time.sleep(0.3)
+        files.append(file)
+        written.set()
+
+    queue = CaptureQueue(slow_sink, flush_s=3.0, batch=100)
+    x = {"x": np.ones((1, 4), np.float32)}
+
+    def offer(n: int) -> None:
+        for _ in range(n):
+            assert queue.offer(request_id=None, model="m", version="1", role="stable",
+                               latency_ms=1.0, inputs=x, outputs=None,
+                               settings=CaptureSettings(100))
+
+    offer(100)  # a whole batch wakes the flusher
+    assert writing.wait(30)
+    offer(30)  # ... and these arrive while it writes: they wait for the next batch or the tick
+    assert written.wait(30)
+    time.sleep(0.5)
+    assert [f.rows for f in files] == [100] and queue.depth == 30
+    wait_until(lambda: sum(f.rows for f in files) == 130, timeout=30, what="the tick's flush")
+    assert [f.rows for f in files] == [100, 30]
+    queue.stop()
 
 
 def test_records_flushed_to_a_folder_are_read_back_and_counted_per_version(tmp_path):

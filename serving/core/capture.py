@@ -167,21 +167,26 @@ class CaptureQueue:
             self._thread = threading.Thread(target=self._loop, name="mmc-capture", daemon=True)
             self._thread.start()
 
-    def _take(self) -> list[tuple]:
+    def _take(self, most: int) -> list[tuple]:
         with self._lock:
-            n = min(len(self._items), self.batch)
+            n = min(len(self._items), self.batch, most)
             taken = [self._items.popleft() for _ in range(n)]
             self._bytes -= sum(item[-1] for item in taken)
         return taken
 
-    def flush(self) -> int:
-        """Write everything queued now (the flusher's work; also called at shutdown): each
-        batch as files, each file to the sink; records counted written or failed per version."""
-        done = 0
+    def flush(self, most: int | None = None) -> int:
+        """Write what is queued (the flusher's work; also called at shutdown), at most `most`
+        records (None: until the queue is empty): each batch as files, each file to the sink;
+        records counted written or failed per version."""
+        done, left = 0, len(self._items) if most is None else most
         while True:
-            taken = self._take()
+            taken = self._take(left) if left > 0 else []
             if not taken:
+                if most is None and self._items:
+                    left = len(self._items)  # offered meanwhile: shutdown writes them too
+                    continue
                 return done
+            left -= len(taken)
             files, lost = capture_files.encode(taken, new_id=new_request_id)
             for entry in lost:  # a tensor the format cannot hold (logged by encode)
                 self._count(entry[2], entry[3]).failed += 1
@@ -202,7 +207,12 @@ class CaptureQueue:
         while not self._stopped:
             self._wake.wait(self.flush_s)
             self._wake.clear()
-            self.flush()
+            # what is queued now, not what arrives while it is written: draining until empty
+            # wrote a file of a few dozen records every few ms under steady traffic (each file
+            # ~0.6 ms of CPU and ~2 KB of footer), where one file per flush_s was meant
+            # (whole batches when there are any: the rest waits for the next batch or tick)
+            queued = len(self._items)
+            self.flush(most=queued - queued % self.batch if queued >= self.batch else queued)
 
     def stop(self) -> None:
         """Flush what is queued and stop the thread (graceful shutdown)."""
