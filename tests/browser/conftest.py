@@ -34,12 +34,29 @@ def chromium():
         browser.close()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report on the test item, for the `page` fixture to see a failed call."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
 @pytest.fixture
-def page(chromium):
+def page(chromium, request):
     context = chromium.new_context(viewport={"width": 1360, "height": 900})
     page = context.new_page()
     page.set_default_timeout(20_000)
     yield page
+    failed = getattr(request.node, "rep_call", None)
+    if failed is not None and failed.failed:  # what the browser showed, for a CI log
+        try:
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            path = SCREENSHOTS / f"FAILED-{request.node.name[:120]}.png"
+            page.screenshot(path=str(path), full_page=True)
+            print(f"\n{page.url} (screenshot {path}):\n{page.inner_text('body')[:3000]}")
+        except Exception as exc:  # noqa: BLE001 - a closed page: nothing more to show
+            print(f"\nno screenshot of the failed page: {exc}")
     context.close()
 
 

@@ -123,7 +123,10 @@ def test_a_protected_endpoint_has_its_badge_and_try_it_fills_the_new_key(live_se
     page.goto(f"{base}/models/scorer/deployment/")
     page.get_by_label("Key name").fill("checkout-service")
     page.get_by_role("button", name="Create key").click()
-    page.wait_for_selector("#new-key")
+    # the new key, or the console's reason for refusing it (60 s: the page renders the whole
+    # deployment again, once seen past 20 s with both CI lanes and chromium on two CPUs)
+    page.wait_for_selector("#new-key, .msg-error", timeout=60_000)
+    assert page.locator("#new-key").count() == 1, page.inner_text(".msg-error")
     raw = page.inner_text("#new-key").strip()
     assert raw.startswith("mmck_")
     assert "protected" in page.inner_text("#keys-h")
