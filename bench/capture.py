@@ -28,7 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench.scale_to_zero import free_port, rss  # noqa: E402  one copy of the bench's helpers
+from bench.scale_to_zero import free_port, rss, wait_ready  # noqa: E402  one copy of the bench's helpers
 
 BODY = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]}
 SETTINGS = {"off": 0, "10 %": 10, "100 %": 100}
@@ -73,16 +73,7 @@ def run_one(percent: float, root: Path, body: Path, args) -> dict:
     url = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(base_url=url, timeout=30) as http:
-            deadline = time.time() + 60
-            while True:
-                try:
-                    if http.get("/v2/health/ready").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.time() > deadline:
-                    raise RuntimeError("mmc-serve did not become ready")
-                time.sleep(0.2)
+            wait_ready(http)
             r = http.post("/v2/models/mlp/infer", json=BODY)
             assert r.status_code == 200 and len(r.json()["outputs"][0]["data"]) == 10, r.text
             wrk(f"{url}/v2/models/mlp/infer", body, args.conc, 3)  # warm-up

@@ -43,6 +43,23 @@ def rss(pid: int) -> int:
     return 0
 
 
+def wait_ready(http, timeout: float = 60) -> None:
+    """Until the replica behind `http` (an httpx.Client) says ready; RuntimeError after
+    `timeout` s."""
+    import httpx
+
+    deadline = time.time() + timeout
+    while True:
+        try:
+            if http.get("/v2/health/ready").status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.time() > deadline:
+            raise RuntimeError("mmc-serve did not become ready")
+        time.sleep(0.1)
+
+
 def asleep(http) -> bool:
     index = http.post("/v2/repository/index").json()
     return any("scaled to zero" in (e.get("reason") or "") for e in index)
@@ -74,16 +91,7 @@ def run_size(out: int, cycles: int, idle: float) -> dict:
         rows = []
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
-                deadline = time.time() + 60
-                while True:
-                    try:
-                        if http.get("/v2/health/ready").status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        pass
-                    if time.time() > deadline:
-                        raise SystemExit("replica never ready")
-                    time.sleep(0.1)
+                wait_ready(http)
                 http.post("/v2/models/big/infer", json=BODY).raise_for_status()
                 loaded = rss(proc.pid)
                 for _ in range(cycles):

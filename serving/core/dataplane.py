@@ -421,15 +421,14 @@ class DataPlane:
         shadow = route.shadow is not None and route.shadow != lv.version
         mirror = (route.mirror_percent and not pinned and route.candidate is not None
                   and lv.version == route.stable and mirror_picked(route.mirror_percent))
-        if (shadow or mirror) and targets is not None:  # the client may rewrite its region
-            feeds = {name: np.array(array) for name, array in feeds.items()}
+        captured = route.capture.percent > 0 and self.capture.sampled(route.capture)
+        if (shadow or mirror or captured) and targets is not None:  # the client may rewrite
+            feeds = {name: np.array(array) for name, array in feeds.items()}  # its region
         if shadow:
             self._spawn(self._shadow(model, route.shadow, feeds, outputs))
         if mirror:
             self._spawn(self._mirror(model, route.candidate, lv.version, feeds, outputs))
-        if route.capture.percent > 0 and self.capture.sampled(route.capture):
-            if targets is not None and not (shadow or mirror):  # not copied above yet
-                feeds = {name: np.array(array) for name, array in feeds.items()}
+        if captured:
             self._capture(model, lv.version, capture_role(route, lv.version, pinned),
                           started, feeds, outputs, route.capture)
         if targets:
