@@ -2,13 +2,16 @@
 
     .venv/bin/python bench/capture.py [--seconds 15] [--rounds 2] [--conc 32]
 
-An MLP (64 -> 256 -> 256 -> 10, the serving bench's) in a model repository, served three ways in
-turn, `--rounds` times interleaved (off, 10 %, 100 %, off, ...): capture off, capture of 10 % and of
-100 % of requests (inputs and outputs, MMC_CAPTURE_DIR a fresh folder). Each run: a warm-up, then
-wrk -t1 -c<conc> for --seconds on v2 JSON, the replica's resident memory (VmRSS) before and after,
-the replica's captured/dropped counters, and the bytes its capture folder holds. Reports medians
-per setting, ratios to off, and bytes stored per million requests; writes the table to stdout and
-bench/results/capture-<date>.md.
+An MLP (64 -> 256 -> 256 -> 10, the serving bench's) served by three replicas, up together, each in
+its own model repository: capture off, capture of 10 % and of 100 % of requests (inputs and
+outputs, MMC_CAPTURE_DIR a fresh folder each). After a warm-up of each, every round loads them in
+turn (off, 10 %, 100 %) with wrk -t1 -c<conc> for --seconds on v2 JSON: a drift in the machine's
+speed reaches all three alike (replicas started one after another, as before 2026-12-07 evening,
+swung 4,600-8,700 req/s between rounds of the same setting). Then each replica's resident memory
+(VmRSS, its capture encoder's included) against before the first round, its captured/dropped
+counters and the bytes its capture folder holds. Reports medians per setting, ratios to off, and
+bytes stored per million requests; writes the table to stdout and to a new file in
+bench/results/.
 """
 
 from __future__ import annotations
@@ -57,39 +60,64 @@ def wrk(url: str, body: Path, conc: int, seconds: int) -> dict:
     return json.loads(m.group(1))
 
 
-def run_one(percent: float, root: Path, body: Path, args) -> dict:
-    import httpx
+class Replica:
+    """One `mmc-serve` replica serving the MLP with one capture setting, in its own model
+    repository and capture folder."""
 
-    capture = root / f"capture-{percent:g}-{time.monotonic_ns()}"
-    (root / "repo" / "mlp" / "config.json").write_text(json.dumps(
-        {"max_batch_size": 8, "max_queue_delay_us": 0,
-         "capture": {"percent": percent, "mode": "both"}}))
-    port = free_port()
-    env = {**os.environ, "MMC_CAPTURE_DIR": str(capture)}
-    proc = subprocess.Popen([str(REPO / ".venv/bin/mmc-serve"), "--model-repository",
-                             str(root / "repo"), "--host", "127.0.0.1", "--port", str(port),
-                             "--workers", "1"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        with httpx.Client(base_url=url, timeout=30) as http:
+    def __init__(self, percent: float, root: Path) -> None:
+        self.percent = percent
+        self.root = root / f"replica-{percent:g}"
+        (self.root / "repo" / "mlp" / "1").mkdir(parents=True)
+        (self.root / "repo" / "mlp" / "1" / "model.onnx").write_bytes((root / "mlp.onnx")
+                                                                     .read_bytes())
+        (self.root / "repo" / "mlp" / "config.json").write_text(json.dumps(
+            {"max_batch_size": 8, "max_queue_delay_us": 0,
+             "capture": {"percent": percent, "mode": "both"}}))
+        self.capture = self.root / "capture"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [str(REPO / ".venv/bin/mmc-serve"), "--model-repository", str(self.root / "repo"),
+             "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+            env={**os.environ, "MMC_CAPTURE_DIR": str(self.capture)},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def ready(self, body: Path, conc: int) -> None:
+        import httpx
+
+        with httpx.Client(base_url=self.url, timeout=30) as http:
             wait_ready(http)
             r = http.post("/v2/models/mlp/infer", json=BODY)
             assert r.status_code == 200 and len(r.json()["outputs"][0]["data"]) == 10, r.text
-            wrk(f"{url}/v2/models/mlp/infer", body, args.conc, 3)  # warm-up
-            before = rss(proc.pid)
-            res = wrk(f"{url}/v2/models/mlp/infer", body, args.conc, args.seconds)
-            after = rss(proc.pid)
-            time.sleep(3)  # the flusher's last batch
-            metrics = http.get("/metrics").text
-        res.update(rss_before=before, rss_after=after,
-                   captured=counter(metrics, "mmc_capture_records_total"),
-                   dropped=counter(metrics, "mmc_capture_dropped_total"))
-    finally:
-        proc.terminate()
-        proc.wait(30)
-    res["bytes"], res["files"] = folder_bytes(capture) if capture.exists() else (0, 0)
-    return res
+        wrk(f"{self.url}/v2/models/mlp/infer", body, conc, 3)  # warm-up
+
+    def counters(self) -> dict:
+        import httpx
+
+        metrics = httpx.get(f"{self.url}/metrics", timeout=30).text
+        return {"captured": counter(metrics, "mmc_capture_records_total"),
+                "dropped": counter(metrics, "mmc_capture_dropped_total")}
+
+    def rss(self) -> int:
+        """The replica's resident memory, with its capture encoder's where it has one."""
+        return rss(self.proc.pid) + sum(rss(pid) for pid in children(self.proc.pid))
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def children(pid: int) -> list[int]:
+    """The processes `pid` started (a replica's capture encoder)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if int(text[text.rindex(")") + 2:].split()[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def main() -> None:
@@ -105,27 +133,44 @@ def main() -> None:
     runs: dict[str, list[dict]] = {k: [] for k in SETTINGS}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        (root / "repo" / "mlp" / "1").mkdir(parents=True)
-        (root / "repo" / "mlp" / "1" / "model.onnx").write_bytes(samples.mlp())
+        (root / "mlp.onnx").write_bytes(samples.mlp())
         body = root / "body.json"
         body.write_text(json.dumps(BODY))
-        for rnd in range(args.rounds):
-            for name, percent in SETTINGS.items():
-                res = run_one(percent, root, body, args)
-                runs[name].append(res)
-                print(f"round {rnd + 1} {name:>6}: {res['rps']:8.0f} req/s  p99 "
-                      f"{res['p99_us'] / 1000:6.2f} ms  non2xx {res['non2xx']}  captured "
-                      f"{res['captured']:.0f} dropped {res['dropped']:.0f}  "
-                      f"{res['bytes'] / MB:.2f} MB", file=sys.stderr, flush=True)
-    med = {k: {f: statistics.median(r[f] for r in v) for f in (
-        "rps", "p99_us", "rss_before", "rss_after")} for k, v in runs.items()}
+        # all three replicas run the whole time, idle but for the one under load: each round
+        # loads them in turn, so a drift in the machine's speed reaches every setting alike
+        replicas = {name: Replica(percent, root) for name, percent in SETTINGS.items()}
+        try:
+            for replica in replicas.values():
+                replica.ready(body, args.conc)
+            before = {name: replica.rss() for name, replica in replicas.items()}
+            for rnd in range(args.rounds):
+                for name, replica in replicas.items():
+                    res = wrk(f"{replica.url}/v2/models/mlp/infer", body, args.conc,
+                              args.seconds)
+                    runs[name].append(res)
+                    print(f"round {rnd + 1} {name:>6}: {res['rps']:8.0f} req/s  p99 "
+                          f"{res['p99_us'] / 1000:6.2f} ms  non2xx {res['non2xx']}",
+                          file=sys.stderr, flush=True)
+            time.sleep(3)  # the flushers' last batches
+            totals = {name: {"rss_growth": replica.rss() - before[name], **replica.counters()}
+                      for name, replica in replicas.items()}
+        finally:
+            for replica in replicas.values():
+                replica.stop()
+        for name, replica in replicas.items():
+            found = folder_bytes(replica.capture) if replica.capture.exists() else (0, 0)
+            totals[name]["bytes"], totals[name]["files"] = found
+    med = {k: {f: statistics.median(r[f] for r in v) for f in ("rps", "p99_us")}
+           for k, v in runs.items()}
     base = med["off"]
     lines = [
         f"# Data capture: cost against capture off ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC)",
         "",
         f"`bench/capture.py --seconds {args.seconds} --rounds {args.rounds} --conc "
         f"{args.conc}`: one `mmc-serve --workers 1` replica, MLP 64→256→256→10, v2 JSON, "
-        f"wrk -t1 -c{args.conc}, settings interleaved, medians of {args.rounds} rounds; "
+        f"wrk -t1 -c{args.conc}, the three replicas up together and loaded in turn, medians of "
+        f"{args.rounds} rounds (RSS: the replica and its capture encoder, before the first "
+        "round and after the last; captured and stored: warm-ups included); "
         f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), shared with "
         "other work while it ran (ratios, not absolute figures, are the result).",
         "",
@@ -133,10 +178,9 @@ def main() -> None:
         "bytes stored / 1 M requests |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, v in runs.items():
-        m = med[name]
-        captured = sum(r["captured"] for r in v)
-        stored = sum(r["bytes"] for r in v)
+    for name in runs:
+        m, total = med[name], totals[name]
+        captured, stored = total["captured"], total["bytes"]
         per_million = f"{stored / captured * 1e6 / MB:,.0f} MB" if captured else "—"
         if name != "off" and SETTINGS[name] < 100 and captured:
             per_million += f" ({stored / captured * 1e6 * SETTINGS[name] / 100 / MB:,.0f} MB " \
@@ -144,8 +188,8 @@ def main() -> None:
         lines.append(
             f"| {name} | {m['rps']:,.0f} | {m['rps'] / base['rps']:.2f} | "
             f"{m['p99_us'] / 1000:.2f} | {m['p99_us'] / base['p99_us']:.2f} | "
-            f"{(m['rss_after'] - m['rss_before']) / MB:+.1f} | {captured:,.0f} | "
-            f"{sum(r['dropped'] for r in v):,.0f} | {per_million} |")
+            f"{total['rss_growth'] / MB:+.1f} | {captured:,.0f} | {total['dropped']:,.0f} | "
+            f"{per_million} |")
     lines += ["", "Non-2xx answers in all runs: "
               f"{sum(r['non2xx'] for v in runs.values() for r in v)}.", ""]
     text = "\n".join(lines)

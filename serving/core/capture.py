@@ -1,13 +1,15 @@
 """Data capture on a replica: a sample of requests recorded off the request path.
 
-A request that is sampled offers a tuple of references (its time, id, model, version, role,
-latency and its input/output arrays) to a bounded queue; a background thread takes batches and
-turns each into capture files (serving.core.capture_files: Parquet built a column at a time,
-tensors past the endpoint's byte cap left out) that it hands, one at a time, to a sink: the
-artifact store directly where the replica has the database, the control plane's replica API
-where it follows over HTTP, a folder where it serves a model repository. A sink is any callable
-taking a CaptureFile (model, first ts, Parquet bytes, records per version); pyarrow is imported
-on the first flush, so a replica that never captures does not load it.
+A request that is sampled is packed, as it is offered, into the open batch of a bounded queue
+(serving.core.capture_wire: its time, id, model, version, role, latency and the bytes of its
+input/output arrays, tensors past the endpoint's byte cap left out). A background thread hands
+each batch to the encoder, a child process by default (serving.core.capture_encoder), which
+makes the Parquet files (serving.core.capture_files) outside the serving process's
+interpreter, and each file it gets back to a sink: the artifact store directly where the
+replica has the database, the control plane's replica API where it follows over HTTP, a folder
+where it serves a model repository. A sink is any callable taking a CaptureFile (model, first
+ts, Parquet bytes, records per version). pyarrow loads in the encoder process on its first
+batch: a replica never loads it (nor the encoder, until it first captures).
 
 When the queue is full, or holds its byte budget, the request is dropped and counted: capture
 never slows or fails a request. A replica killed with -9 loses at most what was in its queue
@@ -17,23 +19,29 @@ never slows or fails a request. A replica killed with -9 loses at most what was 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import random
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from serving.core import capture_files
+from serving.core import capture_wire
+from serving.core.capture_encoder import ENCODERS, EncoderProcess, encode_packed
 from serving.core.capture_files import (  # noqa: F401 - MODES re-exported for route settings
     MODES,
     CaptureFile,
+)
+from serving.core.capture_wire import (  # noqa: F401 - new_request_id re-exported
+    HAS_INPUTS,
+    HAS_OUTPUTS,
+    RECORD,
+    TRUNCATED,
+    new_request_id,
 )
 
 log = logging.getLogger(__name__)
@@ -81,31 +89,56 @@ class CaptureCounts:
     captured: int = 0  # records accepted into the queue
     dropped: int = 0  # records refused: the queue was full
     written: int = 0  # records the sink stored
-    failed: int = 0  # records lost because the sink failed
+    failed: int = 0  # records lost: the sink failed, or a tensor the format cannot hold
+
+
+_FIXED = RECORD.size
+_HAS = (HAS_INPUTS, HAS_OUTPUTS)
+
+
+class _Batch:
+    """Records packed one after another (serving.core.capture_wire), and how many of each
+    model and version it holds."""
+
+    __slots__ = ("buf", "records", "versions")
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.records = 0
+        self.versions: dict[tuple[str, str], int] = {}
 
 
 class CaptureQueue:
-    """Bounded in records and bytes; `offer` never blocks. A daemon thread flushes batches of
-    up to `batch` records every `flush_s` seconds (sooner when a batch is full) to `sink`, a
-    file at a time."""
+    """Bounded in records and bytes; `offer` never blocks. A sampled request is packed into the
+    open batch as it is offered; a batch of `batch` records is sealed and wakes the flusher,
+    which every `flush_s` seconds also takes the open one. The flusher hands each batch to the
+    encoder (a separate process by default, so the files are made outside this interpreter)
+    and each file it gets back to `sink`."""
 
     def __init__(self, sink: Callable[[CaptureFile], None] | None, *, max_records: int = 10000,
                  max_bytes: int = 64 * 1024 * 1024, flush_s: float = 2.0, batch: int = 2000,
-                 rnd: random.Random | None = None) -> None:
+                 encoder: str = "process", rnd: random.Random | None = None) -> None:
+        if encoder not in ENCODERS:
+            raise ValueError(f"capture encoder {encoder!r}: one of {', '.join(ENCODERS)}")
         self.sink = sink
         self.max_records = max_records
         self.max_bytes = max_bytes
         self.flush_s = flush_s
         self.batch = batch
+        self.encoder = encoder
         self._rnd = rnd or random.Random()
-        # entries as serving.core.capture_files takes them: (ts, request id, model, version,
-        # role, latency ms, inputs, outputs, byte cap, truncated, size)
-        self._items: deque[tuple] = deque()
+        self._packer = capture_wire.Packer()
+        self._open = _Batch()
+        self._sealed: list[_Batch] = []
+        self._records = 0
         self._bytes = 0
         self._lock = threading.Lock()
+        self._flushing = threading.Lock()  # one flush at a time (the encoder is sequential)
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._process: EncoderProcess | None = None
         self._stopped = False
+        self._warned: set[tuple[str, str]] = set()
         self.counts: dict[tuple[str, str], CaptureCounts] = {}
 
     @classmethod
@@ -115,7 +148,8 @@ class CaptureQueue:
         return cls(sink, max_records=int(e.get("MMC_CAPTURE_QUEUE_RECORDS") or 10000),
                    max_bytes=int(e.get("MMC_CAPTURE_QUEUE_BYTES") or 64 * 1024 * 1024),
                    flush_s=float(e.get("MMC_CAPTURE_FLUSH_SECONDS") or 2.0),
-                   batch=int(e.get("MMC_CAPTURE_BATCH_RECORDS") or 2000))
+                   batch=int(e.get("MMC_CAPTURE_BATCH_RECORDS") or 2000),
+                   encoder=e.get("MMC_CAPTURE_ENCODER") or "process")
 
     def sampled(self, settings: CaptureSettings) -> bool:
         """Whether this request is recorded (cheap: called on every request)."""
@@ -132,23 +166,83 @@ class CaptureQueue:
     def offer(self, *, request_id: str | None, model: str, version: str, role: str,
               latency_ms: float, inputs: dict | None, outputs: dict | None,
               settings: CaptureSettings) -> bool:
-        """Queue one request's tensors (references: the record is built on the flusher's
-        thread); False, counted as dropped, when the queue is full in records or bytes."""
-        mode, cap = settings.mode, settings.max_bytes
-        if mode == "outputs":
-            inputs = None
-        if mode == "inputs":
-            outputs = None
-        size = 256 + _capped(inputs, cap) + _capped(outputs, cap)
-        counts = self.counts.get((model, version)) or self._count(model, version)
+        """Pack one request into the open batch (its tensors in order, inputs then outputs,
+        each left out when it would pass the record's byte cap); False, counted as dropped,
+        when the queue is full in records or bytes. A record with a tensor the format cannot
+        hold is counted failed (logged once per model and version).
+
+        Called on the request path: the usual request (numeric C-ordered tensors of a shape
+        seen before) takes the first branch, a few dictionary look-ups and appends."""
+        mode = settings.mode
+        if mode != "both":
+            if mode == "outputs":
+                inputs = None
+            else:
+                outputs = None
+        key = (model, version)
+        counts = self.counts.get(key) or self._count(model, version)
+        headers = self._packer.headers
+        budget, flags, length = settings.max_bytes, 0, 0
+        heads: list[bytes] = []
+        datas: list = []
+        try:
+            for part, tensors in ((0, inputs), (1, outputs)):
+                if tensors is None:
+                    continue
+                flags |= _HAS[part]
+                for name, array in tensors.items():
+                    header = headers[(part, name, array.dtype, array.shape, array.strides)]
+                    size = array.nbytes
+                    if size > budget:
+                        flags |= TRUNCATED
+                        continue
+                    budget -= size
+                    length += size
+                    heads.append(header)
+                    datas.append(array)
+            route = self._packer.routes[(model, version, role)]
+        except (KeyError, AttributeError, TypeError):  # a first of its kind, text, not numpy
+            try:
+                flags, length, heads, datas, route = self._pack(
+                    model, version, role, inputs, outputs, settings.max_bytes)
+            except capture_wire.Uncapturable as exc:
+                counts.captured += 1
+                counts.failed += 1
+                if key not in self._warned:
+                    self._warned.add(key)
+                    log.warning("capture: a record of %s:%s not written (and others like it, "
+                                "counted in mmc_capture_failed_total): %s", model, version, exc)
+                return True
+        layout = route + b"".join(heads) if heads else route
+        if request_id is None:
+            rid, id_size = b"", capture_wire.NO_ID
+        else:
+            rid = request_id.encode("utf-8", "surrogatepass")
+            if len(rid) >= capture_wire.NO_ID:  # an id nobody sends: kept recognisable
+                rid = request_id[:1024].encode("utf-8", "surrogatepass")
+            id_size = len(rid)
+        length += _FIXED + len(rid) + len(layout)
         with self._lock:
-            if len(self._items) >= self.max_records or self._bytes + size > self.max_bytes:
+            if self._records >= self.max_records or self._bytes + length > self.max_bytes:
                 counts.dropped += 1
                 return False
-            self._items.append((time.time(), request_id, model, version, role, latency_ms,
-                                inputs, outputs, cap, False, size))
-            self._bytes += size
-            full = len(self._items) >= self.batch
+            batch = self._open
+            extend = batch.buf.extend
+            extend(RECORD.pack(length, time.time(), latency_ms, flags, len(heads), id_size,
+                               len(layout)))
+            extend(rid)
+            extend(layout)
+            for data in datas:
+                extend(data)
+            batch.records += 1
+            versions = batch.versions
+            versions[key] = versions.get(key, 0) + 1
+            self._records += 1
+            self._bytes += length
+            full = batch.records >= self.batch
+            if full:
+                self._sealed.append(batch)
+                self._open = _Batch()
         counts.captured += 1
         if self._thread is None:
             self.start()
@@ -156,9 +250,32 @@ class CaptureQueue:
             self._wake.set()
         return True
 
+    def _pack(self, model: str, version: str, role: str, inputs: dict | None,
+              outputs: dict | None, budget: int) -> tuple[int, int, list, list, bytes]:
+        """offer's general way (text tensors, arrays not C-ordered, anything seen the first
+        time, which it then knows): (flags, data bytes, headers, data, route)."""
+        packer = self._packer
+        flags, length, heads, datas = 0, 0, [], []
+        for part, tensors in ((0, inputs), (1, outputs)):
+            if tensors is None:
+                continue
+            flags |= _HAS[part]
+            for name, array in tensors.items():
+                header, data, size = packer.tensor(part, name, array)
+                if size > budget:
+                    flags |= TRUNCATED
+                    continue
+                budget -= size
+                heads.append(header)
+                datas.append(data)
+                length += len(data)
+        return flags, length, heads, datas, packer.route(model, version, role)
+
     @property
     def depth(self) -> int:
-        return len(self._items)
+        """Records waiting to be written (what a kill -9 would lose, with the batch in the
+        encoder)."""
+        return self._records
 
     def start(self) -> None:
         with self._lock:
@@ -167,61 +284,84 @@ class CaptureQueue:
             self._thread = threading.Thread(target=self._loop, name="mmc-capture", daemon=True)
             self._thread.start()
 
-    def _take(self, most: int) -> list[tuple]:
+    def _take(self, whole: bool) -> list[_Batch]:
+        """The sealed batches, and the open one too unless `whole`."""
         with self._lock:
-            n = min(len(self._items), self.batch, most)
-            taken = [self._items.popleft() for _ in range(n)]
-            self._bytes -= sum(item[-1] for item in taken)
+            taken, self._sealed = self._sealed, []
+            if not whole and self._open.records:
+                taken.append(self._open)
+                self._open = _Batch()
+            for batch in taken:
+                self._records -= batch.records
+                self._bytes -= len(batch.buf)
         return taken
 
-    def flush(self, most: int | None = None) -> int:
-        """Write what is queued (the flusher's work; also called at shutdown), at most `most`
-        records (None: until the queue is empty): each batch as files, each file to the sink;
-        records counted written or failed per version."""
-        done, left = 0, len(self._items) if most is None else most
-        while True:
-            taken = self._take(left) if left > 0 else []
-            if not taken:
-                if most is None and self._items:
-                    left = len(self._items)  # offered meanwhile: shutdown writes them too
-                    continue
-                return done
-            left -= len(taken)
-            files, lost = capture_files.encode(taken, new_id=new_request_id)
-            for entry in lost:  # a tensor the format cannot hold (logged by encode)
-                self._count(entry[2], entry[3]).failed += 1
-            for file in files:
-                try:
-                    self.sink(file)  # type: ignore[misc]
-                except Exception as exc:  # noqa: BLE001 - a store outage loses the file only
-                    log.warning("capture: %d records of %s not stored: %s: %s", file.rows,
-                                file.model, type(exc).__name__, str(exc)[:200])
-                    for version, n in file.versions.items():
-                        self._count(file.model, version).failed += n
-                    continue
+    def flush(self, *, whole: bool = False) -> int:
+        """Write what is queued (the flusher's work; also called at shutdown): each batch
+        encoded into files, each file to the sink; records counted written or failed per
+        version. `whole`: only sealed batches. Returns the records written."""
+        done = 0
+        with self._flushing:
+            while True:
+                taken = self._take(whole)
+                if not taken:
+                    return done
+                for batch in taken:
+                    done += self._write(batch)
+                if whole:
+                    return done
+
+    def _write(self, batch: _Batch) -> int:
+        try:
+            files, lost = self._encode(batch.buf)
+        except Exception as exc:  # noqa: BLE001 - the encoder died or failed: this batch only
+            log.warning("capture: %d records not written: the encoder failed: %s: %s",
+                        batch.records, type(exc).__name__, str(exc)[:200])
+            for (model, version), n in batch.versions.items():
+                self._count(model, version).failed += n
+            return 0
+        for (model, version), n in lost.items():  # a tensor the format cannot hold
+            self._count(model, version).failed += n
+        done = 0
+        for file in files:
+            try:
+                self.sink(file)  # type: ignore[misc]
+            except Exception as exc:  # noqa: BLE001 - a store outage loses the file only
+                log.warning("capture: %d records of %s not stored: %s: %s", file.rows,
+                            file.model, type(exc).__name__, str(exc)[:200])
                 for version, n in file.versions.items():
-                    self._count(file.model, version).written += n
-                done += file.rows
+                    self._count(file.model, version).failed += n
+                continue
+            for version, n in file.versions.items():
+                self._count(file.model, version).written += n
+            done += file.rows
+        return done
+
+    def _encode(self, buf: bytearray) -> tuple[list[CaptureFile], dict[tuple[str, str], int]]:
+        if self.encoder == "thread":
+            return encode_packed(buf)
+        if self._process is None:
+            self._process = EncoderProcess()
+        return self._process.encode(buf)
 
     def _loop(self) -> None:
         while not self._stopped:
             self._wake.wait(self.flush_s)
             self._wake.clear()
-            # what is queued now, not what arrives while it is written: draining until empty
-            # wrote a file of a few dozen records every few ms under steady traffic (each file
-            # ~0.6 ms of CPU and ~2 KB of footer), where one file per flush_s was meant
-            # (whole batches when there are any: the rest waits for the next batch or tick)
-            queued = len(self._items)
-            self.flush(most=queued - queued % self.batch if queued >= self.batch else queued)
+            # whole batches when there are any (records that arrive meanwhile wait for the next
+            # batch or tick: one file per batch, not one every few ms), else what is open
+            self.flush(whole=bool(self._sealed))
 
     def stop(self) -> None:
-        """Flush what is queued and stop the thread (graceful shutdown)."""
+        """Flush what is queued and stop the thread and the encoder (graceful shutdown)."""
         self._stopped = True
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
         if self.sink is not None:
             self.flush()
+        if self._process is not None:
+            self._process.close()
 
     def snapshot(self, model: str, version: str) -> dict | None:
         c = self.counts.get((model, version))
@@ -229,26 +369,6 @@ class CaptureQueue:
             return None
         return {"captured": c.captured, "dropped": c.dropped, "written": c.written,
                 "failed": c.failed}
-
-
-#: Request ids this process gives: a random prefix per process and a counter (cheaper than a
-#: uuid per request, unique across replicas all the same).
-_ID_PREFIX = os.urandom(6).hex()
-_ID_COUNT = itertools.count(1)
-
-
-def _capped(tensors: dict | None, cap: int) -> int:
-    """The bytes `tensors` count against the queue's budget: theirs, at most the record cap."""
-    if not tensors:
-        return 0
-    n = 0
-    for array in tensors.values():
-        n += getattr(array, "nbytes", 0)
-    return n if n < cap else cap
-
-
-def new_request_id() -> str:
-    return f"{_ID_PREFIX}{next(_ID_COUNT):012x}"
 
 
 def capture_metrics(queue: CaptureQueue):

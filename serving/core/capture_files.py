@@ -176,7 +176,7 @@ _MODE = {(True, True): "both", (True, False): "inputs", (False, True): "outputs"
          (False, False): None}
 
 
-def _pause() -> None:
+def pause() -> None:
     time.sleep(0)  # the GIL to the event loop: requests before records
 
 
@@ -196,7 +196,7 @@ class _Pacer:
 
 
 def encode(entries: list[tuple], *, new_id: Callable[[], str],
-           pause: Callable[[], None] = _pause) -> tuple[list[CaptureFile], list[tuple]]:
+           pause: Callable[[], None] = pause) -> tuple[list[CaptureFile], list[tuple]]:
     """A flush batch as files (one per model and hour; more where a tensor's dtype changed) and
     the entries that could not be written (logged). `pause` lets other threads have the GIL;
     it is called about every half millisecond of work."""

@@ -1,0 +1,196 @@
+"""How a sampled request travels from the request path to the capture encoder: packed into one
+growing buffer as it is offered, unpacked into queue entries where the files are made.
+
+Packing on the request path costs a couple of microseconds spread over every sampled request,
+and leaves nothing behind that the garbage collector tracks or that must be freed one object
+at a time: the flusher hands a whole buffer to the encoder process (serving.core.
+capture_encoder) and the serving process's interpreter never walks the records. Before, the
+queue held references to each request's arrays and a thread of the serving process turned a
+batch into columns with the GIL held (~2 us per record, in stretches that stalled the event
+loop: p99 x2.8 at 100 % sampling, bench/results/capture-2026-12-07.md).
+
+One record, little-endian: what varies per request first, then its layout (route names and
+tensor headers, the same bytes for every request of the usual kind: the encoder parses each
+layout once), then the tensors' data:
+
+    u32 length of the whole record   f64 ts   f64 latency ms   u8 flags   u16 tensors
+    u16 id length (0xFFFF: none)     u32 layout length         the id (UTF-8)
+    layout: model, version, role     each u16 length + UTF-8
+            per tensor: u8 part (0 inputs, 1 outputs), u16 + UTF-8 name, u8 + ASCII numpy
+            dtype (".T" for text), u8 ndim, ndim x i64 dims, u64 data bytes
+    data:   each tensor's bytes in the layout's order (text: u32 length + UTF-8 per element)
+
+flags: 1 truncated (a tensor past the byte cap was left out), 2 has inputs, 4 has outputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import struct
+
+import numpy as np
+
+RECORD = struct.Struct("<IddBHHI")
+U16 = struct.Struct("<H")
+U32 = struct.Struct("<I")
+U64 = struct.Struct("<Q")
+TRUNCATED, HAS_INPUTS, HAS_OUTPUTS = 1, 2, 4
+NO_ID = 0xFFFF
+TEXT = b".T"
+_PARTS = (b"\x00", b"\x01")
+#: numpy kinds a capture file holds as numbers, and as text
+NUMERIC_KINDS = "biuf"
+TEXT_KINDS = "OSU"
+
+
+class Uncapturable(ValueError):
+    """A tensor the capture format cannot hold (complex, datetime, a non-string name...)."""
+
+
+def text(s: str) -> bytes:
+    raw = s.encode("utf-8", "surrogatepass")
+    if len(raw) >= NO_ID:
+        raise Uncapturable(f"a name or id of {len(raw)} bytes")
+    return U16.pack(len(raw)) + raw
+
+
+class Packer:
+    """Packs tensors and route names; keeps what repeats (a route's names, a tensor's header
+    by part, name, dtype, shape and strides), so the capture queue packs a request of the usual
+    kind with look-ups alone (`headers`, `routes`)."""
+
+    def __init__(self) -> None:
+        self.routes: dict[tuple[str, str, str], bytes] = {}
+        self.headers: dict[tuple, bytes] = {}
+
+    def route(self, model: str, version: str, role: str) -> bytes:
+        key = (model, version, role)
+        seg = self.routes.get(key)
+        if seg is None:
+            if len(self.routes) > 4096:
+                self.routes.clear()
+            seg = self.routes[key] = text(model) + text(version) + text(role)
+        return seg
+
+    def tensor(self, part: int, name, array) -> tuple[bytes, bytes, int]:
+        """(header, data, size against the byte cap) of one tensor; raises Uncapturable. A
+        numeric C-ordered array's header is kept for the next one like it."""
+        if type(array) is not np.ndarray:
+            array = np.asarray(array)
+        if type(name) is not str:
+            raise Uncapturable(f"tensor name {name!r} is not a string")
+        dtype = array.dtype
+        kind = dtype.kind
+        dims = b"".join(struct.pack("<q", d) for d in array.shape)
+        head = _PARTS[part] + text(name)
+        if kind in TEXT_KINDS:
+            data = b"".join(U32.pack(len(b)) + b for b in (
+                (x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)).encode(
+                    "utf-8", "surrogatepass") for x in array.ravel().tolist()))
+            return (head + bytes([len(TEXT)]) + TEXT + bytes([array.ndim]) + dims
+                    + U64.pack(len(data))), data, _text_size(array)
+        if kind not in NUMERIC_KINDS:
+            raise Uncapturable(f"numpy dtype {dtype} is not capturable")
+        code = dtype.str.encode("ascii")
+        header = head + bytes([len(code)]) + code + bytes([array.ndim]) + dims \
+            + U64.pack(array.nbytes)
+        if array.flags.c_contiguous:  # the queue's look-up finds it next time
+            if len(self.headers) > 4096:
+                self.headers.clear()
+            self.headers[(part, name, dtype, array.shape, array.strides)] = header
+        return header, array.tobytes(), array.nbytes
+
+
+def _text_size(array: np.ndarray) -> int:
+    return sum(len(x) if isinstance(x, bytes | str) else 8 for x in array.ravel().tolist())
+
+
+def unpack(blob) -> list[tuple]:
+    """A buffer of records as queue entries (serving.core.capture_files), arrays viewing
+    `blob` (read-only)."""
+    view = memoryview(blob)
+    layouts: dict[bytes, tuple] = {}
+    entries = []
+    at, end = 0, len(view)
+    fixed = RECORD.size
+    while at < end:
+        length, ts, latency, flags, count, id_size, layout_size = RECORD.unpack_from(view, at)
+        pos = at + fixed
+        if id_size == NO_ID:
+            request_id = None
+        else:
+            request_id = str(view[pos:pos + id_size], "utf-8", "surrogatepass")
+            pos += id_size
+        key = bytes(view[pos:pos + layout_size])
+        layout = layouts.get(key)
+        if layout is None:
+            layout = layouts[key] = _layout(key, count)
+        pos += layout_size
+        model, version, role, tensors = layout
+        parts: tuple[dict | None, dict | None] = (
+            {} if flags & HAS_INPUTS else None, {} if flags & HAS_OUTPUTS else None)
+        for part, name, dtype, dims, size in tensors:
+            data = view[pos:pos + size]
+            pos += size
+            if dtype is None:
+                array = np.array(_elements(data), dtype=object).reshape(dims)
+            else:
+                array = np.frombuffer(data, dtype).reshape(dims)
+            parts[part][name] = array  # type: ignore[index]
+        if pos != at + length:
+            raise ValueError(f"capture record at {at}: {pos - at} bytes read of {length}")
+        entries.append((ts, request_id, model, version, role, latency, parts[0], parts[1],
+                        2**62, bool(flags & TRUNCATED), 0))
+        at += length
+    return entries
+
+
+def _layout(raw: bytes, count: int) -> tuple:
+    """(model, version, role, [(part, name, dtype or None for text, dims, data bytes)])."""
+    pos, names = 0, []
+    for _ in range(3):
+        (n,) = U16.unpack_from(raw, pos)
+        names.append(raw[pos + 2:pos + 2 + n].decode("utf-8", "surrogatepass"))
+        pos += 2 + n
+    tensors = []
+    for _ in range(count):
+        part = raw[pos]
+        (n,) = U16.unpack_from(raw, pos + 1)
+        name = raw[pos + 3:pos + 3 + n].decode("utf-8", "surrogatepass")
+        pos += 3 + n
+        k = raw[pos]
+        code = raw[pos + 1:pos + 1 + k]
+        ndim = raw[pos + 1 + k]
+        pos += 2 + k
+        dims = struct.unpack_from(f"<{ndim}q", raw, pos)
+        pos += 8 * ndim
+        (size,) = U64.unpack_from(raw, pos)
+        pos += 8
+        tensors.append((part, name, None if code == TEXT else np.dtype(code.decode("ascii")),
+                        dims, size))
+    if pos != len(raw):
+        raise ValueError(f"capture record layout: {pos} bytes read of {len(raw)}")
+    return names[0], names[1], names[2], tensors
+
+
+def _elements(data: memoryview) -> list[str]:
+    out, pos = [], 0
+    while pos < len(data):
+        (n,) = U32.unpack_from(data, pos)
+        out.append(str(data[pos + 4:pos + 4 + n], "utf-8", "surrogatepass"))
+        pos += 4 + n
+    return out
+
+
+#: Request ids this process gives (a request that came without one, a record without one): a
+#: random prefix per process and a counter (cheaper than a uuid per request, unique across
+#: replicas and encoder processes all the same).
+_ID_PREFIX = os.urandom(6).hex()
+_ID_COUNT = itertools.count(1)
+
+
+def new_request_id() -> str:
+    return f"{_ID_PREFIX}{next(_ID_COUNT):012x}"
+
+
