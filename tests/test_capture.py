@@ -6,9 +6,11 @@ replica API's ingest for replicas that follow over HTTP, and retention by the pe
 from __future__ import annotations
 
 import gzip
+import os
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -37,6 +39,21 @@ def put(client, model: str, **values):
 
 def recent(model: str, **filters) -> list[dict]:
     return list(capture_store.iter_records(model, since=time.time() - 3600, **filters))
+
+
+def encoder_processes(parent: int) -> list[int]:
+    """The capture encoder processes `parent` started."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(text[text.rindex(")") + 2:].split()[1]) == parent and \
+                b"serving.core.capture_encoder" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def version_state(replica: str, key: str) -> dict:
@@ -199,29 +216,140 @@ def test_a_capture_file_is_one_line_away_from_a_data_frame(tmp_path):
     assert list(df["inputs.x.shape"][0]) == [1, 64] and list(df["mode"]) == ["inputs"] * 3
 
 
-def test_a_replica_loads_pyarrow_only_when_it_first_writes_a_capture_file_and_never_pandas():
+@pytest.mark.parametrize("encoder", ["process", "thread"])
+def test_a_replica_never_loads_pyarrow_for_capture_files_nor_pandas_anywhere(encoder):
     import importlib.util
     import subprocess
     import sys
 
     # pandas is installed here (the docs open capture files with it): pyarrow's first
-    # pa.array() would import it (~1 s with the GIL held in a serving process, ~40 MB)
+    # pa.array() would import it (~1 s with the GIL held in a serving process, ~40 MB). With
+    # the encoder process, the replica's own interpreter never loads pyarrow at all; with the
+    # encoder in a thread (MMC_CAPTURE_ENCODER=thread) it loads it on the first flush, and
+    # never pandas (the encoder process makes its files with the same code)
     assert importlib.util.find_spec("pandas") is not None
     code = ("import sys, time, numpy as np\n"
             "import serving.http.app\n"
             "from serving.core.capture import CaptureQueue, CaptureSettings\n"
-            "q = CaptureQueue(lambda f: None, flush_s=3600); q.start = lambda: None\n"
+            f"q = CaptureQueue(lambda f: None, flush_s=3600, encoder={encoder!r})\n"
+            "q.start = lambda: None\n"
             "q.offer(request_id=None, model='m', version='1', role='stable', latency_ms=1.0,\n"
             "        inputs={'x': np.ones(2)}, outputs=None, settings=CaptureSettings(100))\n"
             "print('pyarrow' in sys.modules, end=' ')\n"
-            "q.flush()\n"
-            "print('pyarrow' in sys.modules, 'pandas' in sys.modules, end=' ')\n"
+            "print(q.flush(), 'pyarrow' in sys.modules, 'pandas' in sys.modules, end=' ')\n"
+            "q.stop()\n"
             "from registry.monitoring import capture_store\n"
             "import pandas\n"  # a user's own import still works afterwards
             "print(pandas.__name__)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, cwd=str(REPO))
-    assert out.stdout.strip() == "False True False pandas", out.stderr[-2000:]
+    loaded = "True" if encoder == "thread" else "False"
+    assert out.stdout.strip() == f"False 1 {loaded} False pandas", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("encoder", ["process", "thread"])
+def test_records_offered_to_the_queue_read_back_as_written_by_either_encoder(encoder):
+    rng = np.random.default_rng(5)
+    stored: list[capture_files.CaptureFile] = []
+    queue = CaptureQueue(stored.append, flush_s=3600, encoder=encoder)
+    queue.start = lambda: None
+
+    def offer(request_id, inputs, outputs=None, mode="both", cap=65536, version="2"):
+        assert queue.offer(request_id=request_id, model="m", version=version, role="stable",
+                           latency_ms=1.23456, inputs=inputs, outputs=outputs,
+                           settings=CaptureSettings(100, mode, cap))
+
+    cases = {
+        "f32": rng.standard_normal((2, 5)).astype(np.float32),
+        "f64": rng.standard_normal((3, 4))[:, ::2],  # not contiguous
+        "b": np.array([[True, False, True]]), "i8": np.array([-128, 0, 127], np.int8),
+        "u64": np.array([2**64 - 1], np.uint64), "big_endian": np.arange(3, dtype=">i4"),
+        "scalar": np.array(2.5, np.float32), "empty": np.zeros((0, 3), np.float32),
+        "s": np.array([b"ab", "c\u00e9", b"\xff"], dtype=object), "text": np.array(["one"]),
+        "listed": [1.5, 2.5]}  # not an array: taken as numpy takes it
+    y = {"y": np.arange(10, dtype=np.float32).reshape(1, 10)}
+    offer("all", cases, y)
+    x = np.arange(64, dtype=np.float32).reshape(1, 64)
+    offer("same-kind-1", {"x": x}, y)  # the first of its kind, then the usual way
+    offer("same-kind-2", {"x": x + 1}, y)
+    offer("strided", {"x": np.arange(128, dtype=np.float32).reshape(1, 128)[:, ::2]}, y)
+    offer(None, {"x": x}, y, mode="outputs")
+    offer("cap", {"a": np.ones(10, np.int8), "b": np.ones(20, np.int8)},
+          {"c": np.ones(5, np.int8)}, cap=16)
+    offer("other-dtype", {"x": x.astype(np.float64)}, version="3")
+    long_id = "\u00e9" * 40000  # longer than a record's id field: kept, cut
+    offer(long_id, {"x": x})
+    assert queue.depth == 8 and queue.flush() == 8
+    got = {r["id"]: r for f in stored for r in capture_store.decode(f.payload)}
+    # each record reads back as the same entry written straight through capture_files does
+    (want,) = read_back([entry("all", inputs={k: np.asarray(v) for k, v in cases.items()},
+                               outputs=y)])
+    assert got["all"]["inputs"] == want["inputs"] and got["all"]["outputs"] == want["outputs"]
+    assert got["all"]["latency_ms"] == 1.235 and got["all"]["truncated"] is False
+    assert got["same-kind-2"]["inputs"]["x"]["data"] == (x + 1).ravel().tolist()
+    assert got["strided"]["inputs"]["x"]["data"] == list(range(0, 128, 2))
+    (generated,) = [r for i, r in got.items() if i not in (
+        "all", "same-kind-1", "same-kind-2", "strided", "cap", "other-dtype", long_id[:1024])]
+    assert "inputs" not in generated and len(generated["id"]) == 24
+    assert (list(got["cap"]["inputs"]), list(got["cap"]["outputs"]), got["cap"]["truncated"]
+            ) == (["a"], ["c"], True)
+    assert got["other-dtype"]["inputs"]["x"]["datatype"] == "FP64"
+    assert got["other-dtype"]["version"] == 3
+    assert got[long_id[:1024]]["inputs"]["x"]["data"] == x.ravel().tolist()
+    assert queue.snapshot("m", "2") == {"captured": 7, "dropped": 0, "written": 7, "failed": 0}
+    # a tensor the format cannot hold: that record counted failed, the next one written
+    offer("complex", {"z": np.ones(2, np.complex64)})
+    offer("fine", {"x": x})
+    assert queue.flush() == 1
+    assert queue.snapshot("m", "2") == {"captured": 9, "dropped": 0, "written": 8, "failed": 1}
+    queue.stop()
+
+
+def test_the_encoder_process_answers_batch_after_batch_and_one_that_dies_costs_its_batch():
+    import signal
+    import subprocess
+    import sys
+
+    from serving.core import capture_encoder
+
+    stored: list = []
+    queue = CaptureQueue(stored.append, flush_s=3600)
+    queue.start = lambda: None
+    x = {"x": np.ones((1, 4), np.float32)}
+
+    def offer(n: int) -> None:
+        for _ in range(n):
+            queue.offer(request_id=None, model="m", version="1", role="stable", latency_ms=1.0,
+                        inputs=x, outputs=None, settings=CaptureSettings(100))
+
+    offer(3)
+    assert queue.flush() == 3
+    encoder = queue._process
+    pid = encoder.pid
+    assert pid and pid != os.getpid()
+    offer(2)
+    assert queue.flush() == 2 and encoder.pid == pid  # one process, batch after batch
+    # bytes that are not records: that batch refused with the reason, the process goes on
+    with pytest.raises(capture_encoder.EncoderFailed, match="capture record"):
+        encoder.encode(b"\x40\x00\x00\x00" + b"\x00" * 60)
+    assert encoder.pid == pid
+    os.kill(pid, signal.SIGKILL)  # one killed between batches is started again
+    wait_until(lambda: encoder._proc.poll() is not None, timeout=30, what="the kill")
+    offer(1)
+    assert queue.flush() == 1 and encoder.pid not in (None, pid)
+    # one that dies while it holds a batch: those records counted failed, and no more
+    encoder.close()
+    encoder._proc = subprocess.Popen(  # reads the batch's length, then exits
+        [sys.executable, "-c", "import sys; sys.stdin.buffer.read(8)"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    offer(4)
+    assert queue.flush() == 0 and encoder.pid is None
+    assert queue.snapshot("m", "1") == {"captured": 10, "dropped": 0, "written": 6, "failed": 4}
+    offer(1)
+    assert queue.flush() == 1 and queue.snapshot("m", "1")["written"] == 7
+    last = encoder.pid
+    queue.stop()  # the graceful stop ends the encoder process
+    wait_until(lambda: not os.path.exists(f"/proc/{last}"), timeout=30, what="encoder gone")
 
 
 def test_the_flusher_writes_whole_batches_under_steady_traffic_and_the_rest_on_its_tick():
@@ -550,7 +678,12 @@ def test_a_replica_killed_with_9_loses_at_most_its_queue(engineer, ready_model, 
                 assert http.post("/v2/models/kill/infer", json=ROW).status_code == 200
                 sent += 1
             metrics = http.get("/metrics").text
+        encoders = encoder_processes(rep.proc.pid)
+        assert encoders, "the replica's capture encoder process"
         rep.stop(sig_kill=True)
+    # the encoder's input closes with the replica: it ends too, never left behind
+    wait_until(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in encoders),
+               timeout=30, what="the killed replica's capture encoder ended")
     dropped = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                   if line.startswith("mmc_capture_dropped_total{"))
     stored = len(recent("kill"))

@@ -108,8 +108,14 @@ def _text_size(array: np.ndarray) -> int:
 
 def unpack(blob) -> list[tuple]:
     """A buffer of records as queue entries (serving.core.capture_files), arrays viewing
-    `blob` (read-only)."""
-    view = memoryview(blob)
+    `blob` (read-only); ValueError where the bytes are not records."""
+    try:
+        return _unpack(memoryview(blob))
+    except (struct.error, IndexError, TypeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"capture record cut short or malformed: {exc}") from None
+
+
+def _unpack(view: memoryview) -> list[tuple]:
     layouts: dict[bytes, tuple] = {}
     entries = []
     at, end = 0, len(view)
