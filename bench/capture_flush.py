@@ -5,16 +5,19 @@
 Offers --records requests of the capture bench's MLP (a 1x64 FP32 input, a 1x10 FP32 output;
 random normal values, or the bench's constant 0.5 body with --constant) to a CaptureQueue whose
 sink is a FolderCaptureSink, as a replica serving a model repository has, then flushes them in
-the queue's batches. Reports, per record: the time `offer` takes (the request path), the
-flusher's wall and CPU time (thread CPU: what it takes from the serving process), the bytes
-stored; and how late a thread that sleeps 200 us at a time wakes while the flusher runs (how
-long an event loop would wait for the GIL: p50, p99, max, and waits over 2 ms per batch),
-against the same probe with nothing else running. Medians of --repeats.
+the queue's batches, with the encoder a replica has (a child process) or, with
+--encoder thread, in the flushing thread. Reports, per record: the time `offer` takes (the
+request path), the flusher's wall and CPU time (thread CPU: what it takes from the serving
+process), the encoder process's CPU, the bytes stored; and how late a thread that sleeps 200 us
+at a time wakes while the flusher runs (how long an event loop would wait for the GIL: p50, p99,
+max, and waits over 2 ms per batch), against the same probe with nothing else running. Medians
+of --repeats.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -50,7 +53,16 @@ class WakeProbe(threading.Thread):
                 "max": late[-1] * 1e6, "over_2ms": sum(x > 0.002 for x in late)}
 
 
-def one_run(n: int, constant: bool) -> dict:
+def process_cpu(pid: int | None) -> float:
+    """Seconds of CPU `pid` has used (0 where there is none)."""
+    if pid is None:
+        return 0.0
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_run(n: int, constant: bool, encoder: str) -> dict:
     from serving.core.capture import CaptureQueue, CaptureSettings, FolderCaptureSink
 
     rng = np.random.default_rng(0)
@@ -62,7 +74,7 @@ def one_run(n: int, constant: bool) -> dict:
     settings = CaptureSettings(100, "both")
     with tempfile.TemporaryDirectory() as tmp:
         queue = CaptureQueue(FolderCaptureSink(tmp), max_records=n, max_bytes=1 << 34,
-                             flush_s=3600, batch=2000)
+                             flush_s=3600, batch=2000, encoder=encoder)
         queue.start = lambda: None  # flushed by hand below, on a thread of its own
         offer = queue.offer
         t = time.perf_counter()
@@ -78,6 +90,14 @@ def one_run(n: int, constant: bool) -> dict:
             queue.flush()
             cpu.append(time.thread_time() - c)
 
+        if encoder == "process":  # started and warm before the clock (pyarrow loaded), as a
+            warm = CaptureQueue(lambda f: None, encoder=encoder)  # replica's is after its
+            warm.start = lambda: None  # first batch
+            warm.offer(request_id=None, model="mlp", version="1", role="stable",
+                       latency_ms=1.0, inputs={"x": xs[0]}, outputs=None, settings=settings)
+            assert warm.flush() == 1
+            queue._process = warm._process
+        encoder_cpu = process_cpu(queue._process and queue._process.pid)
         probe = WakeProbe()
         probe.start()
         flusher = threading.Thread(target=flush)
@@ -86,10 +106,13 @@ def one_run(n: int, constant: bool) -> dict:
         flusher.join()
         flush_s = time.perf_counter() - t
         late = probe.stop()
+        encoder_cpu = process_cpu(queue._process and queue._process.pid) - encoder_cpu
         assert queue.snapshot("mlp", "1")["written"] == n, queue.snapshot("mlp", "1")
+        queue.stop()
         stored = sum(f.stat().st_size for f in Path(tmp).rglob("*") if f.is_file())
     return {"offer_us": offer_s / n * 1e6, "flush_us": flush_s / n * 1e6,
-            "flush_cpu_us": cpu[0] / n * 1e6, "bytes": stored / n,
+            "flush_cpu_us": cpu[0] / n * 1e6, "encoder_cpu_us": encoder_cpu / n * 1e6,
+            "bytes": stored / n,
             "over_2ms_per_batch": late.pop("over_2ms") / (n / queue.batch), **{
                 f"late_{k}": v for k, v in late.items()}}
 
@@ -106,16 +129,18 @@ def main() -> None:
     p.add_argument("--records", type=int, default=20000)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--constant", action="store_true", help="the bench's 0.5 body, not random")
+    p.add_argument("--encoder", choices=("process", "thread"), default="process")
     args = p.parse_args()
-    one_run(2000, args.constant)  # imports, first-call costs
-    runs = [one_run(args.records, args.constant) for _ in range(args.repeats)]
+    one_run(2000, args.constant, args.encoder)  # imports, first-call costs
+    runs = [one_run(args.records, args.constant, args.encoder) for _ in range(args.repeats)]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     idle = idle_probe(1.0)
     print(f"{args.records} records x {args.repeats}, {'constant' if args.constant else 'random'}"
-          " values, medians per record:")
+          f" values, encoder {args.encoder}, medians per record:")
     print(f"  request path (offer)   {med['offer_us']:6.2f} us")
     print(f"  flusher wall           {med['flush_us']:6.2f} us")
     print(f"  flusher CPU            {med['flush_cpu_us']:6.2f} us")
+    print(f"  encoder process CPU    {med['encoder_cpu_us']:6.2f} us")
     print(f"  stored                 {med['bytes']:6.0f} B")
     print(f"  probe wake lateness while flushing: p50 {med['late_p50']:.0f} us, p99 "
           f"{med['late_p99']:.0f} us, max {med['late_max']:.0f} us (idle: p50 "
