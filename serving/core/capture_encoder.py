@@ -4,8 +4,8 @@ back. The serving process only writes a buffer to a pipe and reads the files bac
 interpreter, and so its event loop, never spends the ~2 us per record of making columns, nor
 the stretches of it that stalled requests when a thread of the serving process did it (p99 at
 100 % sampling 2.8x capture off, bench/results/capture-2026-12-07.md). The child runs at a
-lowest CPU priority (SCHED_IDLE, else nice 19): where CPU is short, requests come first and
-the queue, which is bounded, takes the wait (full: records dropped and counted).
+lower CPU priority (nice 10): where CPU is short, requests come first and the queue, which is
+bounded, takes the wait (full: records dropped and counted).
 
 Protocol, one batch at a time: the parent writes u64 length + the packed records; the child
 answers u64 length + a pickle of {"files": [(model, first ts, payload, versions)],
@@ -34,6 +34,10 @@ from serving.core.capture_files import CaptureFile
 log = logging.getLogger(__name__)
 
 ENCODERS = ("process", "thread")
+#: The encoder's CPU priority: below the serving process (a tenth of a CPU's share where the
+#: two compete), not idle-only: at SCHED_IDLE it got no CPU at all beside a busy machine's
+#: other work (capture stopped, a killed replica's encoder did not even run to its exit).
+NICE = 10
 _F_SETPIPE_SZ = 1031  # Linux: a pipe that holds a batch in one go (fewer wake-ups)
 _PIPE_BYTES = 1 << 20
 
@@ -136,13 +140,10 @@ def main() -> None:
     sys.stdout = sys.stderr  # nothing printed by accident lands in the protocol
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s capture-encoder[%(process)d] %(levelname)s %(message)s")
-    try:  # runs only when a CPU would otherwise idle (or nearly: CFS gives it weight 3)
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        try:
-            os.nice(19)
-        except OSError:
-            pass
+    try:
+        os.nice(NICE)
+    except OSError:
+        pass
     while True:
         try:
             buf = _read_frame(source)
