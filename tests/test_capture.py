@@ -673,7 +673,12 @@ def test_a_replica_killed_with_9_loses_at_most_its_queue(engineer, ready_model, 
         wait_until(lambda: version_state(rep.name, "kill:1").get("state") == "READY",
                    timeout=60, what="kill:1 loaded")
         with httpx.Client(base_url=rep.url, timeout=30) as http:
-            sent = 0
+            # the first record starts the encoder process (a fresh interpreter loading pyarrow:
+            # seconds on a busy machine, while a burst would only fill the queue): one stored
+            # first, then the burst whose loss the kill bounds
+            assert http.post("/v2/models/kill/infer", json=ROW).status_code == 200
+            sent = 1
+            wait_until(lambda: recent("kill"), timeout=120, what="the first record stored")
             for _ in range(300):
                 assert http.post("/v2/models/kill/infer", json=ROW).status_code == 200
                 sent += 1
