@@ -171,8 +171,8 @@ class CaptureQueue:
         when the queue is full in records or bytes. A record with a tensor the format cannot
         hold is counted failed (logged once per model and version).
 
-        Called on the request path: the usual request (numeric C-ordered tensors of a shape
-        seen before) takes the first branch, a few dictionary look-ups and appends."""
+        Called on the request path: a tensor of the usual kind (numeric, C-ordered, of a shape
+        seen before) costs a dictionary look-up and an append; the packer makes the rest."""
         mode = settings.mode
         if mode != "both":
             if mode == "outputs":
@@ -181,7 +181,8 @@ class CaptureQueue:
                 outputs = None
         key = (model, version)
         counts = self.counts.get(key) or self._count(model, version)
-        headers = self._packer.headers
+        packer = self._packer
+        headers = packer.headers
         budget, flags, length = settings.max_bytes, 0, 0
         heads: list[bytes] = []
         datas: list = []
@@ -191,28 +192,34 @@ class CaptureQueue:
                     continue
                 flags |= _HAS[part]
                 for name, array in tensors.items():
-                    header = headers[(part, name, array.dtype, array.shape, array.strides)]
-                    size = array.nbytes
+                    try:  # the usual tensor: its header known, its array written as it is
+                        header = headers.get((part, name, array.dtype, array.shape,
+                                              array.strides))
+                    except (AttributeError, TypeError):  # not numpy, or a name no key takes
+                        header = None
+                    if header is None:  # text, not C-ordered, the first of its kind
+                        header, data, size = packer.tensor(part, name, array)
+                        stored = len(data)
+                    else:
+                        data, size = array, array.nbytes
+                        stored = size
                     if size > budget:
                         flags |= TRUNCATED
                         continue
                     budget -= size
-                    length += size
+                    length += stored
                     heads.append(header)
-                    datas.append(array)
-            route = self._packer.routes[(model, version, role)]
-        except (KeyError, AttributeError, TypeError):  # a first of its kind, text, not numpy
-            try:
-                flags, length, heads, datas, route = self._pack(
-                    model, version, role, inputs, outputs, settings.max_bytes)
-            except capture_wire.Uncapturable as exc:
-                counts.captured += 1
-                counts.failed += 1
-                if key not in self._warned:
-                    self._warned.add(key)
-                    log.warning("capture: a record of %s:%s not written (and others like it, "
-                                "counted in mmc_capture_failed_total): %s", model, version, exc)
-                return True
+                    if stored:  # (an empty array has no bytes to write)
+                        datas.append(data)
+            route = packer.route(model, version, role)
+        except capture_wire.Uncapturable as exc:
+            counts.captured += 1
+            counts.failed += 1
+            if key not in self._warned:
+                self._warned.add(key)
+                log.warning("capture: a record of %s:%s not written (and others like it, "
+                            "counted in mmc_capture_failed_total): %s", model, version, exc)
+            return True
         layout = route + b"".join(heads) if heads else route
         if request_id is None:
             rid, id_size = b"", capture_wire.NO_ID
@@ -249,27 +256,6 @@ class CaptureQueue:
         if full:
             self._wake.set()
         return True
-
-    def _pack(self, model: str, version: str, role: str, inputs: dict | None,
-              outputs: dict | None, budget: int) -> tuple[int, int, list, list, bytes]:
-        """offer's general way (text tensors, arrays not C-ordered, anything seen the first
-        time, which it then knows): (flags, data bytes, headers, data, route)."""
-        packer = self._packer
-        flags, length, heads, datas = 0, 0, [], []
-        for part, tensors in ((0, inputs), (1, outputs)):
-            if tensors is None:
-                continue
-            flags |= _HAS[part]
-            for name, array in tensors.items():
-                header, data, size = packer.tensor(part, name, array)
-                if size > budget:
-                    flags |= TRUNCATED
-                    continue
-                budget -= size
-                heads.append(header)
-                datas.append(data)
-                length += len(data)
-        return flags, length, heads, datas, packer.route(model, version, role)
 
     @property
     def depth(self) -> int:

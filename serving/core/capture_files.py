@@ -168,7 +168,7 @@ def tensor_fields(schema) -> list[tuple[str, str, int, int]]:
 
 # -- writing ----------------------------------------------------------------------------------
 
-_TEXT = np.dtype(object)  # BYTES tensors, whatever numpy kind holds them (O, S or U)
+TEXT_DTYPE = np.dtype(object)  # BYTES tensors, whatever numpy kind holds them (O, S or U)
 _NONE: dict = {}
 _NO_TYPE = type(None)
 _NDARRAY_OR_NONE = {np.ndarray, _NO_TYPE}
@@ -316,19 +316,25 @@ def _columns(entries: list[tuple], pace) -> dict[tuple[str, str], list]:
     return columns
 
 
-def _kind(array) -> np.dtype:
+def kind_of(array) -> np.dtype:
     """The dtype a tensor is written as: its own (in native byte order), or text for BYTES;
     raises TypeError for one this format cannot hold (complex, datetime, bfloat16...)."""
     dtype = array.dtype
     if dtype.kind in "biuf":
         return dtype if dtype.isnative else dtype.newbyteorder("=")
     if dtype.kind in "OSU":
-        return _TEXT
+        return TEXT_DTYPE
     raise TypeError(f"numpy dtype {dtype} is not capturable")
 
 
-def _text_bytes(array: np.ndarray) -> int:
+def text_bytes(array: np.ndarray) -> int:
+    """A BYTES tensor's size against the byte cap."""
     return sum(len(x) if isinstance(x, bytes | str) else 8 for x in array.ravel().tolist())
+
+
+def as_text(x) -> str:
+    """One BYTES element as the text a capture file holds."""
+    return x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
 
 
 def _prepare(key: tuple[str, str], arrays: list, bad: dict[int, str]
@@ -349,9 +355,9 @@ def _prepare(key: tuple[str, str], arrays: list, bad: dict[int, str]
             if type(key[1]) is not str:
                 raise TypeError(f"tensor name {key[1]!r} is not a string")
             array = np.asarray(array)
-            dtype = _kind(array)
-            if dtype is _TEXT:
-                size = _text_bytes(array)
+            dtype = kind_of(array)
+            if dtype is TEXT_DTYPE:
+                size = text_bytes(array)
             else:
                 array = array.astype(dtype, copy=False)
                 size = array.nbytes
@@ -370,7 +376,7 @@ def _runs(entries: list[tuple]) -> list[list[tuple]]:
     """Entries in runs whose tensors agree on dtypes, each entry in the first run it fits."""
     runs: list[tuple[dict, list[tuple]]] = []
     for entry in entries:
-        kinds = {(part, name): _kind(np.asarray(array))
+        kinds = {(part, name): kind_of(np.asarray(array))
                  for part, tensors in zip(PARTS, entry[6:8], strict=True)
                  for name, array in (tensors or {}).items()}
         for known, members in runs:
@@ -442,9 +448,9 @@ def _tensor_columns(pa, dtype: np.dtype | None, arrays: list, pace) -> tuple | N
         sizes = np.fromiter(map(np.prod, shapes), np.int64, len(shapes)) if len(dims) \
             else np.ones(len(shapes), np.int64)
     pace()
-    if dtype is _TEXT:
-        values = pa.array([x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
-                           for a in present for x in a.ravel().tolist()], pa.string())
+    if dtype is TEXT_DTYPE:
+        values = pa.array([as_text(x) for a in present for x in a.ravel().tolist()],
+                          pa.string())
     else:
         try:  # the arrays' buffers joined: ~5x cheaper than np.concatenate on small arrays
             flat = np.frombuffer(b"".join(present), dtype)
@@ -461,7 +467,7 @@ def entry_of(record: dict) -> tuple:
     for part in PARTS:
         tensors = record.get(part)
         parts.append(None if tensors is None else {name: np.asarray(
-            t["data"], dtype=NUMPY_DTYPES.get(t["datatype"], _TEXT)).reshape(t["shape"])
+            t["data"], dtype=NUMPY_DTYPES.get(t["datatype"], TEXT_DTYPE)).reshape(t["shape"])
             for name, t in tensors.items()})
     return (record["ts"], record["id"], record["model"], str(record["version"]), record["role"],
             record.get("latency_ms", 0.0), parts[0], parts[1], 2**62,

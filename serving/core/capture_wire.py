@@ -31,6 +31,8 @@ import struct
 
 import numpy as np
 
+from serving.core import capture_files
+
 RECORD = struct.Struct("<IddBHHI")
 U16 = struct.Struct("<H")
 U32 = struct.Struct("<I")
@@ -39,9 +41,6 @@ TRUNCATED, HAS_INPUTS, HAS_OUTPUTS = 1, 2, 4
 NO_ID = 0xFFFF
 TEXT = b".T"
 _PARTS = (b"\x00", b"\x01")
-#: numpy kinds a capture file holds as numbers, and as text
-NUMERIC_KINDS = "biuf"
-TEXT_KINDS = "OSU"
 
 
 class Uncapturable(ValueError):
@@ -80,18 +79,19 @@ class Packer:
             array = np.asarray(array)
         if type(name) is not str:
             raise Uncapturable(f"tensor name {name!r} is not a string")
-        dtype = array.dtype
-        kind = dtype.kind
+        try:
+            textual = capture_files.kind_of(array) is capture_files.TEXT_DTYPE
+        except TypeError as exc:
+            raise Uncapturable(str(exc)) from None
         dims = b"".join(struct.pack("<q", d) for d in array.shape)
         head = _PARTS[part] + text(name)
-        if kind in TEXT_KINDS:
+        if textual:
             data = b"".join(U32.pack(len(b)) + b for b in (
-                (x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)).encode(
-                    "utf-8", "surrogatepass") for x in array.ravel().tolist()))
+                capture_files.as_text(x).encode("utf-8", "surrogatepass")
+                for x in array.ravel().tolist()))
             return (head + bytes([len(TEXT)]) + TEXT + bytes([array.ndim]) + dims
-                    + U64.pack(len(data))), data, _text_size(array)
-        if kind not in NUMERIC_KINDS:
-            raise Uncapturable(f"numpy dtype {dtype} is not capturable")
+                    + U64.pack(len(data))), data, capture_files.text_bytes(array)
+        dtype = array.dtype
         code = dtype.str.encode("ascii")
         header = head + bytes([len(code)]) + code + bytes([array.ndim]) + dims \
             + U64.pack(array.nbytes)
@@ -100,10 +100,6 @@ class Packer:
                 self.headers.clear()
             self.headers[(part, name, dtype, array.shape, array.strides)] = header
         return header, array.tobytes(), array.nbytes
-
-
-def _text_size(array: np.ndarray) -> int:
-    return sum(len(x) if isinstance(x, bytes | str) else 8 for x in array.ravel().tolist())
 
 
 def unpack(blob) -> list[tuple]:
