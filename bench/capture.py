@@ -1,17 +1,18 @@
 """Data capture's cost on one `mmc-serve` replica, against capture off in the same run.
 
-    .venv/bin/python bench/capture.py [--seconds 15] [--rounds 2] [--conc 32]
+    .venv/bin/python bench/capture.py [--seconds 15] [--rounds 2] [--conc 32] [--control]
 
 An MLP (64 -> 256 -> 256 -> 10, the serving bench's) served by three replicas, up together, each in
-its own model repository: capture off, capture of 10 % and of 100 % of requests (inputs and
-outputs, MMC_CAPTURE_DIR a fresh folder each). After a warm-up of each, every round loads them in
-turn (off, 10 %, 100 %) with wrk -t1 -c<conc> for --seconds on v2 JSON: a drift in the machine's
-speed reaches all three alike (replicas started one after another, as before 2026-12-07 evening,
-swung 4,600-8,700 req/s between rounds of the same setting). Then each replica's resident memory
-(VmRSS, its capture encoder's included) against before the first round, its captured/dropped
-counters and the bytes its capture folder holds. Reports medians per setting, ratios to off, and
-bytes stored per million requests; writes the table to stdout and to a new file in
-bench/results/.
+its own model repository: capture off, capture of 10 % and of 100 % of requests (inputs and outputs,
+MMC_CAPTURE_DIR a fresh folder each); with --control a fourth, capture off as well, whose ratio to
+the first is the noise of the run (two identical replicas differed by up to 6 % in throughput and 10
+% in p99 over three rounds, 2026-12-07). After a warm-up of each, every round loads them in turn
+(off, 10 %, 100 %) with wrk -t1 -c<conc> for --seconds on v2 JSON: a drift in the machine's speed
+reaches all alike (replicas started one after another, as before 2026-12-07 evening, swung
+4,600-8,700 req/s between rounds of the same setting). Then each replica's resident memory (VmRSS,
+its capture encoder's included) against before the first round, its captured/dropped counters and
+the bytes its capture folder holds. Reports medians per setting, ratios to off, and bytes stored per
+million requests; writes the table to stdout and to a new file in bench/results/.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from bench.scale_to_zero import free_port, rss, wait_ready  # noqa: E402  one co
 
 BODY = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]}
 SETTINGS = {"off": 0, "10 %": 10, "100 %": 100}
+CONTROL = "off (control)"  # a second replica with capture off: the bench's own noise
 MB = 1024 * 1024
 
 
@@ -64,9 +66,9 @@ class Replica:
     """One `mmc-serve` replica serving the MLP with one capture setting, in its own model
     repository and capture folder."""
 
-    def __init__(self, percent: float, root: Path) -> None:
+    def __init__(self, percent: float, root: Path, name: str) -> None:
         self.percent = percent
-        self.root = root / f"replica-{percent:g}"
+        self.root = root / f"replica-{name.replace(' ', '-')}"
         (self.root / "repo" / "mlp" / "1").mkdir(parents=True)
         (self.root / "repo" / "mlp" / "1" / "model.onnx").write_bytes((root / "mlp.onnx")
                                                                      .read_bytes())
@@ -125,20 +127,24 @@ def main() -> None:
     p.add_argument("--seconds", type=int, default=15)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--conc", type=int, default=32)
+    p.add_argument("--control", action="store_true",
+                   help="a fourth replica, capture off too, loaded in turn with the others: "
+                   "how far two identical replicas differ in the same run")
     p.add_argument("--out", help="the table's file (default: a new file in bench/results/, "
                    "never one that is there: a day's lab note keeps its name)")
     args = p.parse_args()
     from registry import samples
 
-    runs: dict[str, list[dict]] = {k: [] for k in SETTINGS}
+    settings = {**SETTINGS, CONTROL: 0} if args.control else dict(SETTINGS)
+    runs: dict[str, list[dict]] = {k: [] for k in settings}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "mlp.onnx").write_bytes(samples.mlp())
         body = root / "body.json"
         body.write_text(json.dumps(BODY))
-        # all three replicas run the whole time, idle but for the one under load: each round
+        # all replicas run the whole time, idle but for the one under load: each round
         # loads them in turn, so a drift in the machine's speed reaches every setting alike
-        replicas = {name: Replica(percent, root) for name, percent in SETTINGS.items()}
+        replicas = {name: Replica(percent, root, name) for name, percent in settings.items()}
         try:
             for replica in replicas.values():
                 replica.ready(body, args.conc)
@@ -148,7 +154,7 @@ def main() -> None:
                     res = wrk(f"{replica.url}/v2/models/mlp/infer", body, args.conc,
                               args.seconds)
                     runs[name].append(res)
-                    print(f"round {rnd + 1} {name:>6}: {res['rps']:8.0f} req/s  p99 "
+                    print(f"round {rnd + 1} {name:>13}: {res['rps']:8.0f} req/s  p99 "
                           f"{res['p99_us'] / 1000:6.2f} ms  non2xx {res['non2xx']}",
                           file=sys.stderr, flush=True)
             time.sleep(3)  # the flushers' last batches
@@ -167,8 +173,9 @@ def main() -> None:
         f"# Data capture: cost against capture off ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC)",
         "",
         f"`bench/capture.py --seconds {args.seconds} --rounds {args.rounds} --conc "
-        f"{args.conc}`: one `mmc-serve --workers 1` replica, MLP 64→256→256→10, v2 JSON, "
-        f"wrk -t1 -c{args.conc}, the three replicas up together and loaded in turn, medians of "
+        f"{args.conc}{' --control' if args.control else ''}`: one `mmc-serve --workers 1` "
+        f"replica, MLP 64→256→256→10, v2 JSON, wrk -t1 -c{args.conc}, the {len(settings)} "
+        "replicas up together and loaded in turn, medians of "
         f"{args.rounds} rounds (RSS: the replica and its capture encoder, before the first "
         "round and after the last; captured and stored: warm-ups included); "
         f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), shared with "
@@ -182,8 +189,8 @@ def main() -> None:
         m, total = med[name], totals[name]
         captured, stored = total["captured"], total["bytes"]
         per_million = f"{stored / captured * 1e6 / MB:,.0f} MB" if captured else "—"
-        if name != "off" and SETTINGS[name] < 100 and captured:
-            per_million += f" ({stored / captured * 1e6 * SETTINGS[name] / 100 / MB:,.0f} MB " \
+        if 0 < settings[name] < 100 and captured:
+            per_million += f" ({stored / captured * 1e6 * settings[name] / 100 / MB:,.0f} MB " \
                            "at this sampling)"
         lines.append(
             f"| {name} | {m['rps']:,.0f} | {m['rps'] / base['rps']:.2f} | "

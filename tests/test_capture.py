@@ -23,7 +23,9 @@ from registry.monitoring import capture_store
 from registry.monitoring.capture import prune_capture
 from registry.serving_source import build_desired_state
 from serving.core import capture_files
+from serving.core.batch_policy import merge_inputs, split_outputs
 from serving.core.capture import CaptureQueue, CaptureSettings
+from serving.core.capture_wire import BATCH, HAS_INPUTS, HAS_OUTPUTS, RECORD, TRUNCATED
 from serving.core.state_wire import decode_desired, encode_desired
 from tests.conftest import REPO
 from tests.replicas import following, replicas, wait_until
@@ -303,6 +305,144 @@ def test_records_offered_to_the_queue_read_back_as_written_by_either_encoder(enc
     assert queue.flush() == 1
     assert queue.snapshot("m", "2") == {"captured": 9, "dropped": 0, "written": 8, "failed": 1}
     queue.stop()
+
+
+def records_in(buf) -> list[int]:
+    """The flags of each record packed in a queue's buffer (serving.core.capture_wire)."""
+    flags, at = [], 0
+    while at < len(buf):
+        length, _, _, flag, *_ = RECORD.unpack_from(buf, at)
+        flags.append(flag)
+        at += length
+    assert at == len(buf)
+    return flags
+
+
+@pytest.mark.parametrize("encoder", ["process", "thread"])
+def test_a_batchers_run_is_packed_once_and_reads_back_as_each_request_alone(encoder):
+    rng = np.random.default_rng(11)
+    stored: list[capture_files.CaptureFile] = []
+    queue = CaptureQueue(stored.append, flush_s=3600, encoder=encoder)
+    queue.start = lambda: None
+    runs: list[tuple] = []
+
+    def run(rows, ids, *, roles=None, settings=None, budget=1 << 20, text=False,
+            sampled=None):
+        """One run of the batcher: each request's own inputs, the joined feeds, the model's
+        joined outputs split back; offered as the batcher offers it. Returns the flags of
+        the records it packed."""
+        settings = settings or CaptureSettings(100)
+        inputs = [{"x": rng.standard_normal((n, 4)).astype(np.float32),
+                   "k": rng.integers(0, 99, n).astype(np.int64)} for n in rows]
+        feeds = merge_inputs(inputs)
+        outputs = {"y": feeds["x"] * 2, "label": feeds["k"] % 3}
+        if text:
+            outputs["word"] = np.array([f"w{k}" for k in feeds["k"]], dtype=object)
+        parts = split_outputs(outputs, rows)
+        now = time.perf_counter_ns()
+        tickets = [queue.ticket("m", "2", (roles or ["stable"] * len(rows))[i], rid,
+                                now - (i + 1) * 5_000_000, settings, budget)
+                   for i, rid in enumerate(ids)]
+        if sampled is not None:
+            tickets = [t if keep else None for t, keep in zip(tickets, sampled, strict=True)]
+        before = len(queue._open.buf)
+        queue.offer_batch(tickets, inputs, feeds, outputs, parts, rows)
+        runs.append((tickets, inputs, parts, settings))
+        return records_in(queue._open.buf[before:])
+
+    # all sampled alike: one record for the run, whatever its size; an id may be missing
+    assert run([1, 3, 2], ["a1", None, "a3"]) == [BATCH | HAS_INPUTS | HAS_OUTPUTS]
+    assert run([2, 2], ["b1", "b2"], settings=CaptureSettings(100, "inputs")) == [
+        BATCH | HAS_INPUTS]
+    # otherwise each sampled request alone, as the request path would have offered it
+    assert run([1, 2, 1], ["c1", "c2", "c3"], sampled=[True, False, True]) == [6, 6]
+    assert run([1, 1], ["d1", "d2"], roles=["stable", "pinned"]) == [6, 6]
+    cap = CaptureSettings(100, "both", 100)  # 48 bytes a row: 3 rows pass the cap, 1 does not
+    assert run([1, 3], ["e1", "e2"], settings=cap) == [6, 6 | TRUNCATED]
+    assert run([1, 3], ["f1", "f2"], budget=50) == [6]  # f2's 72 output bytes: a 400, not kept
+    assert run([2, 1], ["g1", "g2"], text=True) == [6, 6]
+    assert queue.snapshot("m", "2") == {"captured": 14, "dropped": 0, "written": 0, "failed": 0}
+    assert queue.flush() == 14
+    got = {r["id"]: r for f in stored for r in capture_store.decode(f.payload)}
+    (generated,) = [i for i in got if len(i) == 24]
+    got["a2"] = got.pop(generated)
+    assert sorted(got) == ["a1", "a2", "a3", "b1", "b2", "c1", "c3", "d1", "d2", "e1", "e2",
+                           "f1", "g1", "g2"]
+    for tickets, inputs, parts, settings in runs:
+        for i, ticket in enumerate(tickets):
+            if ticket is None or (ticket.request_id or "a2") not in got:
+                continue
+            record = got[ticket.request_id or "a2"]
+            # the same record as that request's own tensors written straight through
+            (want,) = read_back([entry(ticket.request_id, inputs=inputs[i], outputs=parts[i],
+                                       mode=settings.mode, role=ticket.role)])
+            if record["truncated"]:
+                assert list(record["inputs"]) == ["x", "k"] and list(record["outputs"]) == [
+                    "label"]
+                assert record["outputs"]["label"] == want["outputs"]["label"]
+            else:
+                assert record.get("inputs") == want.get("inputs")
+                assert record.get("outputs") == want.get("outputs")
+            assert record["role"] == ticket.role and record["version"] == 2
+            assert (i + 1) * 5 <= record["latency_ms"] < (i + 1) * 5 + 60_000
+    assert got["e2"]["truncated"] and not got["e1"]["truncated"]
+    assert got["g1"]["outputs"]["word"]["datatype"] == "BYTES"
+    assert queue.snapshot("m", "2") == {"captured": 14, "dropped": 0, "written": 14,
+                                        "failed": 0}
+    # a full queue drops the run's records together, counted; an empty one takes them again
+    queue.max_records = 2
+    assert run([1, 1, 1], ["h1", "h2", "h3"]) == []
+    assert queue.snapshot("m", "2")["dropped"] == 3
+    queue.stop()
+
+
+def test_a_replica_captures_each_request_of_a_batch_with_its_own_rows_and_id(tmp_path):
+    from registry.store.artifacts import FileStore
+    from tests.serving.test_app import Server, write_model
+
+    write_model(tmp_path / "models", "mlp", "1", samples.mlp(), config={
+        "max_batch_size": 8, "max_queue_delay_us": 3000, "capture": {"percent": 100}})
+    server = Server(tmp_path / "models", MMC_CAPTURE_DIR=str(tmp_path / "capture"),
+                    MMC_CAPTURE_FLUSH_SECONDS="0.2")
+    try:
+        server.wait_ready()
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            def call(i: int) -> tuple[str, list]:
+                body = {"inputs": [{"name": "x", "shape": [1 + i % 2, 64], "datatype": "FP32",
+                                    "data": [i / 10] * 64 * (1 + i % 2)}]}
+                r = http.post("/v2/models/mlp/infer", json=body,
+                              headers={"x-request-id": f"req-{i}"} if i % 5 else {})
+                assert r.status_code == 200, r.text
+                return r.headers["x-request-id"], r.json()["outputs"][0]["data"]
+
+            with ThreadPoolExecutor(16) as pool:
+                answers = dict(pool.map(call, range(160)))
+            metrics = http.get("/metrics").text
+        runs = counter_value(metrics, "nv_inference_exec_count")
+        assert counter_value(metrics, "nv_inference_request_success") == 160
+        assert runs < 150, "the requests were not batched: no run took two"
+        store = FileStore(tmp_path / "capture", 10**9)
+        records = wait_until(lambda: len(r := list(capture_store.iter_records(
+            "mlp", since=time.time() - 300, store=store))) == 160 and r, timeout=30,
+            what="160 records stored")
+    finally:
+        server.stop()
+    assert {r["id"] for r in records} == set(answers)
+    for r in records:  # each record holds its own request's rows and its own answer
+        rows = r["inputs"]["x"]["shape"][0]
+        assert r["outputs"]
+        (out,) = r["outputs"].values()
+        assert out["data"] == pytest.approx(answers[r["id"]], rel=1e-6)
+        data = r["inputs"]["x"]["data"]
+        assert len(data) == 64 * rows and len(set(data)) == 1
+        if r["id"].startswith("req-"):  # (the others: ids the replica gave, returned)
+            i = int(r["id"][4:])
+            assert data[0] == pytest.approx(i / 10) and rows == 1 + i % 2
+
+
+def counter_value(metrics: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith(name + "{"))
 
 
 def test_the_encoder_process_answers_batch_after_batch_and_one_that_dies_costs_its_batch():

@@ -18,6 +18,7 @@ outputs go back to them, is decided by the pure functions in serving.core.batch_
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from collections import deque
@@ -30,6 +31,8 @@ from serving.core.desired_state import BatchingConfig
 from serving.core.errors import ModelNotReady, QueueFull
 from serving.core.stats import VersionStats
 
+log = logging.getLogger(__name__)
+
 #: a model whose runs average less than this runs on the event loop (one instance, no executor);
 #: it goes back to the threads once its runs average more than INLINE_ABOVE_NS
 INLINE_BELOW_NS = 200_000
@@ -39,16 +42,17 @@ INLINE_ABOVE_NS = 400_000
 class _Request:
     """One caller's inputs and the future its answer goes to."""
 
-    __slots__ = ("inputs", "future", "rows", "key", "enqueued_ns", "trace")
+    __slots__ = ("inputs", "future", "rows", "key", "enqueued_ns", "trace", "capture")
 
     def __init__(self, inputs: Tensors, future: asyncio.Future, rows: int, key: tuple | None,
-                 enqueued_ns: int, trace) -> None:
+                 enqueued_ns: int, trace, capture) -> None:
         self.inputs = inputs
         self.future = future
         self.rows = rows
         self.key = key
         self.enqueued_ns = enqueued_ns
         self.trace = trace  # its serving.core.tracing.RequestTrace, when it is traced
+        self.capture = capture  # its serving.core.capture.Ticket, when it is sampled
 
 
 class _NotTracing:
@@ -118,9 +122,10 @@ class DynamicBatcher:
         """Model executions running right now."""
         return self._in_flight
 
-    async def infer(self, inputs: Tensors, trace=None) -> Tensors:
+    async def infer(self, inputs: Tensors, trace=None, capture=None) -> Tensors:
         """Queue one request and wait for its own rows of the batch it ran in (`trace`: its
-        RequestTrace, when it is traced).
+        RequestTrace, when it is traced; `capture`: its capture Ticket, when it is sampled: the
+        run that answers it offers it to the capture queue with the rest of its batch).
 
         Raises QueueFull when max_queue_size requests already wait, ModelNotReady after close().
         """
@@ -140,7 +145,8 @@ class DynamicBatcher:
             rows, key = batch_key(inputs)
         else:
             rows, key = 1, None
-        self._queue.append(_Request(inputs, future, rows, key, perf_counter_ns(), trace))
+        self._queue.append(_Request(inputs, future, rows, key, perf_counter_ns(), trace,
+                                    capture))
         stats.pending += 1
         if self._in_flight < self._instances and not self._dispatch_scheduled:
             # call_soon rather than dispatching here: requests arriving in the same loop
@@ -297,7 +303,8 @@ class DynamicBatcher:
     def _run_batch(self, batch: list[_Request]) -> tuple[
             list[Tensors] | None, BaseException | None, tuple[int, int, int], int]:
         """Merge, run, split: each caller's outputs or the error, the three times, and when
-        it began."""
+        it began. A run that succeeded offers its sampled requests to the capture queue, from
+        the joined arrays (one record for the run where it can)."""
         t0 = perf_counter_ns()
         parts: list[Tensors] | None = None
         error: BaseException | None = None
@@ -307,11 +314,16 @@ class DynamicBatcher:
             t1 = perf_counter_ns()
             outputs = self._run(feeds)
             t2 = perf_counter_ns()
-            parts = split_outputs(outputs, [r.rows for r in batch])
+            rows = [r.rows for r in batch]
+            parts = split_outputs(outputs, rows)
         except BaseException as exc:  # noqa: BLE001 - any failure belongs to this batch's callers
             error = exc
             parts = None
         t3 = perf_counter_ns()
+        if parts is not None:
+            tickets = [r.capture for r in batch]
+            if tickets.count(None) != len(tickets):
+                _capture(tickets, batch, feeds, outputs, parts, rows)
         return parts, error, (t1 - t0, t2 - t1, t3 - t2), t0
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -345,3 +357,15 @@ class DynamicBatcher:
                 self._jobs.put(None)
             self._threads = []
 
+
+def _capture(tickets: list, batch: list[_Request], feeds: Tensors, outputs: Tensors,
+             parts: list[Tensors], rows: list[int]) -> None:
+    """A run's sampled requests to their capture queue (serving.core.capture): never a reason
+    for the run's callers to fail."""
+    ticket = next(t for t in tickets if t is not None)
+    try:
+        ticket.queue.offer_batch(tickets, [r.inputs for r in batch], feeds, outputs, parts,
+                                 rows)
+    except Exception:  # noqa: BLE001 - capture is a side effect: logged, requests unharmed
+        log.exception("capture: the records of a run of %s:%s not offered", ticket.model,
+                      ticket.version)

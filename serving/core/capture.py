@@ -25,10 +25,12 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+
+import numpy as np
 
 from serving.core import capture_wire
 from serving.core.capture_encoder import ENCODERS, EncoderProcess, encode_packed
@@ -37,12 +39,16 @@ from serving.core.capture_files import (  # noqa: F401 - MODES re-exported for r
     CaptureFile,
 )
 from serving.core.capture_wire import (  # noqa: F401 - new_request_id re-exported
+    BATCH,
+    BATCH_ENTRY,
     HAS_INPUTS,
     HAS_OUTPUTS,
+    NO_ID,
     RECORD,
     TRUNCATED,
     new_request_id,
 )
+from serving.core.tensors import output_bytes
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +67,29 @@ class CaptureSettings:
 
 
 CAPTURE_OFF = CaptureSettings()
+
+
+class Ticket:
+    """A request sampled for capture, before it runs: what its record needs besides its
+    tensors. The dynamic batcher hands the tickets of a run to `CaptureQueue.offer_batch`
+    (serving.core.batching); an answer that never reaches a batcher (a response-cache hit)
+    is offered with `CaptureQueue.offer_ticket`. `budget`: the version's output budget (an
+    answer over it is refused with a 400, so it is not captured)."""
+
+    __slots__ = ("queue", "model", "version", "role", "request_id", "started_ns", "settings",
+                 "budget")
+
+    def __init__(self, queue: CaptureQueue, model: str, version: str, role: str,
+                 request_id: str | None, started_ns: int, settings: CaptureSettings,
+                 budget: int) -> None:
+        self.queue = queue
+        self.model = model
+        self.version = version
+        self.role = role
+        self.request_id = request_id
+        self.started_ns = started_ns
+        self.settings = settings
+        self.budget = budget
 
 
 class FolderCaptureSink:
@@ -94,6 +123,14 @@ class CaptureCounts:
 
 _FIXED = RECORD.size
 _HAS = (HAS_INPUTS, HAS_OUTPUTS)
+_NUMERIC = frozenset("biuf")
+
+
+def _id_bytes(request_id: str) -> bytes:
+    rid = request_id.encode("utf-8", "surrogatepass")
+    if len(rid) >= NO_ID:  # an id nobody sends: kept recognisable
+        rid = request_id[:1024].encode("utf-8", "surrogatepass")
+    return rid
 
 
 class _Batch:
@@ -179,8 +216,6 @@ class CaptureQueue:
                 inputs = None
             else:
                 outputs = None
-        key = (model, version)
-        counts = self.counts.get(key) or self._count(model, version)
         packer = self._packer
         headers = packer.headers
         budget, flags, length = settings.max_bytes, 0, 0
@@ -213,49 +248,167 @@ class CaptureQueue:
                         datas.append(data)
             route = packer.route(model, version, role)
         except capture_wire.Uncapturable as exc:
-            counts.captured += 1
-            counts.failed += 1
-            if key not in self._warned:
-                self._warned.add(key)
-                log.warning("capture: a record of %s:%s not written (and others like it, "
-                            "counted in mmc_capture_failed_total): %s", model, version, exc)
+            self._uncapturable(model, version, exc)
             return True
         layout = route + b"".join(heads) if heads else route
         if request_id is None:
-            rid, id_size = b"", capture_wire.NO_ID
+            rid, id_size = b"", NO_ID
         else:
-            rid = request_id.encode("utf-8", "surrogatepass")
-            if len(rid) >= capture_wire.NO_ID:  # an id nobody sends: kept recognisable
-                rid = request_id[:1024].encode("utf-8", "surrogatepass")
+            rid = _id_bytes(request_id)
             id_size = len(rid)
         length += _FIXED + len(rid) + len(layout)
+        head = RECORD.pack(length, time.time(), latency_ms, flags, len(heads), id_size,
+                           len(layout))
+        return self._append(model, version, 1, length, head, rid, layout, datas)
+
+    def ticket(self, model: str, version: str, role: str, request_id: str | None,
+               started_ns: int, settings: CaptureSettings, budget: int) -> Ticket:
+        return Ticket(self, model, version, role, request_id, started_ns, settings, budget)
+
+    def offer_ticket(self, ticket: Ticket, inputs: dict, outputs: dict,
+                     now_ns: int | None = None) -> bool:
+        """Offer one sampled request's record (`offer`), its latency up to `now_ns` (or now);
+        nothing when its answer is over the version's output budget (the caller gets a 400)."""
+        if output_bytes(outputs) > ticket.budget > 0:
+            return False
+        if now_ns is None:
+            now_ns = time.perf_counter_ns()
+        return self.offer(request_id=ticket.request_id, model=ticket.model,
+                          version=ticket.version, role=ticket.role,
+                          latency_ms=(now_ns - ticket.started_ns) / 1e6, inputs=inputs,
+                          outputs=outputs, settings=ticket.settings)
+
+    def offer_batch(self, tickets: Sequence[Ticket | None], inputs: Sequence[dict],
+                    feeds: dict, outputs: dict, parts: Sequence[dict],
+                    rows: Sequence[int]) -> None:
+        """The sampled requests of one dynamic-batcher run, on the thread that ran it, after it
+        succeeded: `tickets` per request (None: not sampled), `inputs`/`parts` each request's
+        own inputs/outputs, `rows` its rows, `feeds`/`outputs` the run's joined arrays.
+
+        When every request of the run was sampled alike and no answer is cut by the byte cap
+        or over the output budget, they become one batch record packed from the joined arrays
+        (one header and one copy per tensor for the whole run, the usual case at 100 %
+        sampling); otherwise each sampled request is offered alone."""
+        now = time.perf_counter_ns()
+        first = tickets[0]
+        if first is not None and len(tickets) > 1 and self._offer_joined(
+                first, tickets, feeds, outputs, rows, now):
+            return
+        for ticket, given, answered in zip(tickets, inputs, parts, strict=True):
+            if ticket is not None:
+                self.offer_ticket(ticket, given, answered, now)
+
+    def _offer_joined(self, first: Ticket, tickets: Sequence[Ticket | None], feeds: dict,
+                      outputs: dict, rows: Sequence[int], now: int) -> bool:
+        """`offer_batch`'s one record for the whole run; False (nothing packed) where the
+        requests must be offered one by one."""
+        settings, role = first.settings, first.role
+        for t in tickets:
+            if t is None or t.role != role or (t.settings is not settings
+                                               and t.settings != settings):
+                return False
+        if len(tickets) >= NO_ID:
+            return False
+        total, most = sum(rows), max(rows)
+        if output_bytes(outputs) * most > first.budget * total > 0:
+            return False  # someone's answer is over the budget: only theirs is left out
+        mode = settings.mode
+        packer = self._packer
+        headers = packer.headers
+        budget, flags, length = settings.max_bytes, BATCH, 0
+        heads: list[bytes] = []
+        datas: list = []
+        for part, tensors in ((0, feeds if mode != "outputs" else None),
+                              (1, outputs if mode != "inputs" else None)):
+            if tensors is None:
+                continue
+            flags |= _HAS[part]
+            for name, array in tensors.items():
+                if type(array) is not np.ndarray or array.dtype.kind not in _NUMERIC \
+                        or array.ndim == 0 or array.shape[0] != total:
+                    return False  # text, or no rows to tell the requests apart: one by one
+                header = headers.get((part, name, array.dtype, array.shape, array.strides))
+                if header is None:
+                    try:
+                        header, data, size = packer.tensor(part, name, array)
+                    except capture_wire.Uncapturable:
+                        return False
+                else:
+                    data, size = array, array.nbytes
+                share = size // total * most  # the largest request's part of it
+                if share > budget:
+                    return False  # the cap cuts someone's record: each request alone
+                budget -= share
+                length += size
+                heads.append(header)
+                if size:
+                    datas.append(data)
+        try:
+            route = packer.route(first.model, first.version, role)
+        except capture_wire.Uncapturable:
+            return False
+        table, ids = [], []
+        for t, n in zip(tickets, rows, strict=True):
+            latency = (now - t.started_ns) / 1e6  # type: ignore[union-attr]
+            if t.request_id is None:  # type: ignore[union-attr]
+                table.append(BATCH_ENTRY.pack(latency, n, NO_ID))
+            else:
+                rid = _id_bytes(t.request_id)  # type: ignore[union-attr]
+                table.append(BATCH_ENTRY.pack(latency, n, len(rid)))
+                ids.append(rid)
+        index = b"".join(table) + b"".join(ids)
+        layout = route + b"".join(heads)
+        length += _FIXED + len(index) + len(layout)
+        head = RECORD.pack(length, time.time(), 0.0, flags, len(heads), len(tickets),
+                           len(layout))
+        self._append(first.model, first.version, len(tickets), length, head, index, layout,
+                     datas)
+        return True
+
+    def _append(self, model: str, version: str, records: int, length: int, head: bytes,
+                index: bytes, layout: bytes, datas: list) -> bool:
+        """One packed record (of `records` requests) into the open batch; False, the records
+        counted dropped, when the queue is full."""
+        key = (model, version)
         with self._lock:
-            if self._records >= self.max_records or self._bytes + length > self.max_bytes:
-                counts.dropped += 1
+            counts = self.counts.get(key) or self._count(model, version)
+            if self._records + records > self.max_records \
+                    or self._bytes + length > self.max_bytes:
+                counts.dropped += records
                 return False
             batch = self._open
             extend = batch.buf.extend
-            extend(RECORD.pack(length, time.time(), latency_ms, flags, len(heads), id_size,
-                               len(layout)))
-            extend(rid)
+            extend(head)
+            extend(index)
             extend(layout)
             for data in datas:
                 extend(data)
-            batch.records += 1
+            batch.records += records
             versions = batch.versions
-            versions[key] = versions.get(key, 0) + 1
-            self._records += 1
+            versions[key] = versions.get(key, 0) + records
+            self._records += records
             self._bytes += length
+            counts.captured += records
             full = batch.records >= self.batch
             if full:
                 self._sealed.append(batch)
                 self._open = _Batch()
-        counts.captured += 1
         if self._thread is None:
             self.start()
         if full:
             self._wake.set()
         return True
+
+    def _uncapturable(self, model: str, version: str, exc: Exception) -> None:
+        with self._lock:
+            counts = self._count(model, version)
+            counts.captured += 1
+            counts.failed += 1
+            warn = (model, version) not in self._warned
+            self._warned.add((model, version))
+        if warn:
+            log.warning("capture: a record of %s:%s not written (and others like it, "
+                        "counted in mmc_capture_failed_total): %s", model, version, exc)
 
     @property
     def depth(self) -> int:
@@ -303,11 +456,9 @@ class CaptureQueue:
         except Exception as exc:  # noqa: BLE001 - the encoder died or failed: this batch only
             log.warning("capture: %d records not written: the encoder failed: %s: %s",
                         batch.records, type(exc).__name__, str(exc)[:200])
-            for (model, version), n in batch.versions.items():
-                self._count(model, version).failed += n
+            self._tally("failed", batch.versions)
             return 0
-        for (model, version), n in lost.items():  # a tensor the format cannot hold
-            self._count(model, version).failed += n
+        self._tally("failed", lost)  # a tensor the format cannot hold
         done = 0
         for file in files:
             try:
@@ -315,13 +466,19 @@ class CaptureQueue:
             except Exception as exc:  # noqa: BLE001 - a store outage loses the file only
                 log.warning("capture: %d records of %s not stored: %s: %s", file.rows,
                             file.model, type(exc).__name__, str(exc)[:200])
-                for version, n in file.versions.items():
-                    self._count(file.model, version).failed += n
+                self._tally("failed", {(file.model, v): n for v, n in file.versions.items()})
                 continue
-            for version, n in file.versions.items():
-                self._count(file.model, version).written += n
+            self._tally("written", {(file.model, v): n for v, n in file.versions.items()})
             done += file.rows
         return done
+
+    def _tally(self, what: str, records: dict[tuple[str, str], int]) -> None:
+        """Records written or failed per (model, version), under the lock: batches are offered
+        from the batcher's threads as well as the event loop."""
+        with self._lock:
+            for (model, version), n in records.items():
+                counts = self._count(model, version)
+                setattr(counts, what, getattr(counts, what) + n)
 
     def _encode(self, buf: bytearray) -> tuple[list[CaptureFile], dict[tuple[str, str], int]]:
         if self.encoder == "thread":

@@ -20,7 +20,13 @@ layout once), then the tensors' data:
             dtype (".T" for text), u8 ndim, ndim x i64 dims, u64 data bytes
     data:   each tensor's bytes in the layout's order (text: u32 length + UTF-8 per element)
 
-flags: 1 truncated (a tensor past the byte cap was left out), 2 has inputs, 4 has outputs.
+flags: 1 truncated (a tensor past the byte cap was left out), 2 has inputs, 4 has outputs,
+8 a batch: the requests one dynamic-batcher run answered, all sampled, packed as one record
+(serving.core.batching: the loop packs a batch's joined arrays once instead of each request's
+own). In a batch record the id length counts the requests, the latency is 0, and what follows
+the fixed part is, per request, f64 latency ms, u32 rows, u16 id length (0xFFFF: none), then
+the ids, then the layout; each tensor's first dimension is the requests' rows together, in
+order. It unpacks into one entry per request, the same as had each been offered alone.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ RECORD = struct.Struct("<IddBHHI")
 U16 = struct.Struct("<H")
 U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
-TRUNCATED, HAS_INPUTS, HAS_OUTPUTS = 1, 2, 4
+BATCH_ENTRY = struct.Struct("<dIH")
+TRUNCATED, HAS_INPUTS, HAS_OUTPUTS, BATCH = 1, 2, 4, 8
 NO_ID = 0xFFFF
 TEXT = b".T"
 _PARTS = (b"\x00", b"\x01")
@@ -119,7 +126,9 @@ def _unpack(view: memoryview) -> list[tuple]:
     while at < end:
         length, ts, latency, flags, count, id_size, layout_size = RECORD.unpack_from(view, at)
         pos = at + fixed
-        if id_size == NO_ID:
+        if flags & BATCH:
+            requests, pos = _requests(view, pos, id_size)
+        elif id_size == NO_ID:
             request_id = None
         else:
             request_id = str(view[pos:pos + id_size], "utf-8", "surrogatepass")
@@ -130,8 +139,7 @@ def _unpack(view: memoryview) -> list[tuple]:
             layout = layouts[key] = _layout(key, count)
         pos += layout_size
         model, version, role, tensors = layout
-        parts: tuple[dict | None, dict | None] = (
-            {} if flags & HAS_INPUTS else None, {} if flags & HAS_OUTPUTS else None)
+        arrays = []
         for part, name, dtype, dims, size in tensors:
             data = view[pos:pos + size]
             pos += size
@@ -139,13 +147,44 @@ def _unpack(view: memoryview) -> list[tuple]:
                 array = np.array(_elements(data), dtype=object).reshape(dims)
             else:
                 array = np.frombuffer(data, dtype).reshape(dims)
-            parts[part][name] = array  # type: ignore[index]
+            arrays.append((part, name, array))
         if pos != at + length:
             raise ValueError(f"capture record at {at}: {pos - at} bytes read of {length}")
-        entries.append((ts, request_id, model, version, role, latency, parts[0], parts[1],
-                        2**62, bool(flags & TRUNCATED), 0))
+        truncated = bool(flags & TRUNCATED)
+        if not flags & BATCH:
+            requests = ((request_id, latency, None),)
+        else:
+            total = sum(r[2] for r in requests)
+            if any(a.ndim == 0 or a.shape[0] != total for _, _, a in arrays):
+                raise ValueError(f"capture record at {at}: a batch's tensor without its rows")
+        start = 0
+        for request_id, latency, rows in requests:
+            parts: tuple[dict | None, dict | None] = (
+                {} if flags & HAS_INPUTS else None, {} if flags & HAS_OUTPUTS else None)
+            for part, name, array in arrays:
+                parts[part][name] = array if rows is None else array[start:start + rows]  # type: ignore[index]
+            if rows is not None:
+                start += rows
+            entries.append((ts, request_id, model, version, role, latency, parts[0], parts[1],
+                            2**62, truncated, 0))
         at += length
     return entries
+
+
+def _requests(view: memoryview, pos: int, n: int) -> tuple[list[tuple], int]:
+    """A batch record's requests, [(id, latency ms, rows)], and where its layout begins."""
+    table = []
+    for _ in range(n):
+        table.append(BATCH_ENTRY.unpack_from(view, pos))
+        pos += BATCH_ENTRY.size
+    requests = []
+    for latency, rows, id_size in table:
+        if id_size == NO_ID:
+            requests.append((None, latency, rows))
+            continue
+        requests.append((str(view[pos:pos + id_size], "utf-8", "surrogatepass"), latency, rows))
+        pos += id_size
+    return requests, pos
 
 
 def _layout(raw: bytes, count: int) -> tuple:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from serving.core.batching import DynamicBatcher
-from serving.core.capture import CaptureQueue, CaptureSettings, new_request_id
+from serving.core.capture import CaptureQueue, CaptureSettings, Ticket, new_request_id
 from serving.core.desired_state import (
     DEFAULT_MAX_OUTPUT_BYTES,
     SCALED_TO_ZERO,
@@ -53,7 +53,7 @@ from serving.core.runtime import OnnxRuntime
 from serving.core.shared_memory import SharedMemoryRegistry, shared_memory_off, write_outputs
 from serving.core.stats import VersionStats
 from serving.core.tensor_signature import validate_inputs, validate_outputs
-from serving.core.tensors import InferRequest, datatype_of
+from serving.core.tensors import InferRequest, datatype_of, output_bytes
 from serving.core.tracing import RequestTrace, Tracing
 
 log = logging.getLogger(__name__)
@@ -414,23 +414,24 @@ class DataPlane:
         except InvalidInput:
             lv.stats.record_failure(0)
             raise
+        ticket = None
+        if route.capture.percent > 0 and self.capture.sampled(route.capture):
+            # offered by the batcher's run with the rest of its batch (a cache hit: here)
+            ticket = self._ticket(model, lv, capture_role(route, lv.version, pinned), started,
+                                  route.capture)
         if lv.stats.cached:
-            outputs = await self._cached_run(model, lv, feeds, trace)
+            outputs = await self._cached_run(model, lv, feeds, trace, ticket)
         else:
-            outputs = await self._run(model, lv, feeds, trace)
+            outputs = await self._run(model, lv, feeds, trace, ticket)
         shadow = route.shadow is not None and route.shadow != lv.version
         mirror = (route.mirror_percent and not pinned and route.candidate is not None
                   and lv.version == route.stable and mirror_picked(route.mirror_percent))
-        captured = route.capture.percent > 0 and self.capture.sampled(route.capture)
-        if (shadow or mirror or captured) and targets is not None:  # the client may rewrite
-            feeds = {name: np.array(array) for name, array in feeds.items()}  # its region
+        if (shadow or mirror) and targets is not None:  # the client may rewrite its region
+            feeds = {name: np.array(array) for name, array in feeds.items()}
         if shadow:
             self._spawn(self._shadow(model, route.shadow, feeds, outputs))
         if mirror:
             self._spawn(self._mirror(model, route.candidate, lv.version, feeds, outputs))
-        if captured:
-            self._capture(model, lv.version, capture_role(route, lv.version, pinned),
-                          started, feeds, outputs, route.capture)
         if targets:
             write_outputs(targets, outputs)
         return outputs, lv
@@ -463,15 +464,20 @@ class DataPlane:
             if lv is not None or not table.asleep(model, version):
                 return lv, route
 
-    async def _run(self, model: str, lv: LoadedVersion, feeds: dict,
-                   trace: RequestTrace | None = None) -> dict[str, np.ndarray]:
-        """One request's outputs from the version's batcher, within the version's output
-        budget (its own, else this replica's): over it, or too large to allocate, is a 400."""
+    def _budget(self, lv: LoadedVersion) -> int:
+        """The version's output budget: its own, else this replica's."""
         budget = lv.spec.max_output_bytes
-        if budget <= 0:
-            budget = self.max_output_bytes
+        return budget if budget > 0 else self.max_output_bytes
+
+    async def _run(self, model: str, lv: LoadedVersion, feeds: dict,
+                   trace: RequestTrace | None = None, ticket: Ticket | None = None,
+                   ) -> dict[str, np.ndarray]:
+        """One request's outputs from the version's batcher, within the version's output
+        budget (its own, else this replica's): over it, or too large to allocate, is a 400.
+        `ticket`: its capture ticket when it is sampled (the batcher's run offers it)."""
+        budget = self._budget(lv)
         try:
-            outputs = await lv.batcher.infer(feeds, trace)
+            outputs = await lv.batcher.infer(feeds, trace, ticket)
         except ServingError:
             raise
         except Exception as exc:  # noqa: BLE001 - the runtime's own error types
@@ -489,18 +495,22 @@ class DataPlane:
         return outputs
 
     async def _cached_run(self, model: str, lv: LoadedVersion, feeds: dict,
-                          trace: RequestTrace | None) -> dict[str, np.ndarray]:
+                          trace: RequestTrace | None, ticket: Ticket | None,
+                          ) -> dict[str, np.ndarray]:
         """The outputs from the response cache when this version answered the same inputs
-        before (the batcher is not touched), else from `_run`, then kept for next time."""
+        before (the batcher is not touched; a sampled request is offered to capture here),
+        else from `_run`, then kept for next time."""
         cache = self.response_cache
         started = perf_counter_ns()
         key = request_key(lv.cache_identity, feeds)
         outputs = cache.get(key)
         if outputs is not None:
             lv.stats.record_cache_hit(perf_counter_ns() - started)
+            if ticket is not None:
+                self.capture.offer_ticket(ticket, feeds, outputs)
             return outputs
         lv.stats.record_cache_miss(perf_counter_ns() - started)  # a lookup, even if the run fails
-        outputs = await self._run(model, lv, feeds, trace)
+        outputs = await self._run(model, lv, feeds, trace, ticket)
         if not lv.retired:  # an unloading version's entries would never be dropped
             inserting = perf_counter_ns()
             cache.put(key, lv, outputs)
@@ -517,17 +527,16 @@ class DataPlane:
         lv.retired = True
         self.response_cache.drop(lv)
 
-    def _capture(self, model: str, version: str, role: str, started_ns: int, feeds: dict,
-                 outputs: dict, settings: CaptureSettings) -> None:
-        """Offer one answered request to the capture queue (never blocks; full: dropped). A
-        request without an id gets one here, which the front returns (X-Request-Id)."""
+    def _ticket(self, model: str, lv: LoadedVersion, role: str, started_ns: int,
+                settings: CaptureSettings) -> Ticket:
+        """A sampled request's capture ticket (serving.core.capture.Ticket). A request without
+        an id gets one here, which the front returns (X-Request-Id)."""
         request_id = REQUEST_ID.get()
         if not request_id and role != "shadow":
             request_id = new_request_id()
             REQUEST_ID.set(request_id)
-        self.capture.offer(request_id=request_id, model=model, version=version, role=role,
-                           latency_ms=(perf_counter_ns() - started_ns) / 1e6, inputs=feeds,
-                           outputs=outputs, settings=settings)
+        return self.capture.ticket(model, lv.version, role, request_id, started_ns, settings,
+                                   self._budget(lv))
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -548,16 +557,17 @@ class DataPlane:
             feeds = validate_inputs(
                 [_Fed(n, a) for n, a in feeds.items()], lv.signature,
                 lv.max_batch_size)
-            out = await lv.batcher.infer(feeds)
+            route = self.table.routes.get(model)
+            ticket = None
+            if route is not None and route.capture.percent > 0 and self.capture.sampled(
+                    route.capture):
+                ticket = self._ticket(model, lv, "shadow", started, route.capture)
+            out = await lv.batcher.infer(feeds, None, ticket)
         except Exception as exc:  # noqa: BLE001 - a shadow failure is data, not an error
             stats.errors += 1
             stats.last_error = str(exc)[:300]
             return
         stats.latency_ns += perf_counter_ns() - started
-        route = self.table.routes.get(model)
-        if route is not None and route.capture.percent > 0 and self.capture.sampled(
-                route.capture):
-            self._capture(model, version, "shadow", started, feeds, out, route.capture)
         for name, a in live.items():
             b = out.get(name)
             if b is None or a.shape != b.shape or a.dtype.kind not in "biuf" or not a.size:
@@ -780,18 +790,6 @@ def version_order(version: str) -> tuple[int, int, str]:
 def _meta_tensor(t: dict) -> dict:
     return {"name": t["name"], "datatype": t["datatype"],
             "shape": t["shape"] if t["shape"] is not None else [-1]}
-
-
-def output_bytes(outputs: dict[str, np.ndarray]) -> int:
-    """What a request's outputs weigh, as the binary extension carries them (BYTES: a 4-byte
-    length plus the bytes of each element): the measure of the output budget."""
-    total = 0
-    for array in outputs.values():
-        if array.dtype.kind == "O":
-            total += sum(4 + len(item) for item in array.ravel().tolist())
-        else:
-            total += array.nbytes
-    return total
 
 
 #: onnxruntime's words for an allocation it could not make (a size the request chose): BFC

@@ -198,3 +198,15 @@ def _classify(array: np.ndarray, k: int, batched: bool, name: str) -> np.ndarray
             (f"{row[i]:f}:{i}" if as_float else f"{int(row[i])}:{i}").encode() for i in idx
         ]
     return result if per_row else result.reshape(k)
+
+
+def output_bytes(outputs: dict[str, np.ndarray]) -> int:
+    """What a request's outputs weigh, as the binary extension carries them (BYTES: a 4-byte
+    length plus the bytes of each element): the measure of the output budget."""
+    total = 0
+    for array in outputs.values():
+        if array.dtype.kind == "O":
+            total += sum(4 + len(item) for item in array.ravel().tolist())
+        else:
+            total += array.nbytes
+    return total
