@@ -3,8 +3,8 @@
 back. The serving process only writes a buffer to a pipe and reads the files back: its
 interpreter, and so its event loop, never spends the ~2 us per record of making columns, nor
 the stretches of it that stalled requests when a thread of the serving process did it (p99 at
-100 % sampling 2.8x capture off, bench/results/capture-2026-12-07.md). The child runs at the
-lowest CPU priority (nice 19) once it has imported pyarrow: where CPU is short, requests come
+100 % sampling 2.8x capture off, bench/results/capture-2026-12-07.md). The child runs at
+a lower CPU priority (nice 10) once it has imported pyarrow: where CPU is short, requests come
 first and the queue, which is bounded, takes the wait (full: records dropped and counted).
 
 Protocol, one batch at a time: the parent writes u64 length + the packed records; the child
@@ -34,12 +34,13 @@ from serving.core.capture_files import CaptureFile
 log = logging.getLogger(__name__)
 
 ENCODERS = ("process", "thread")
-#: The encoder's CPU priority once it has imported what it uses: the lowest (1.5 % of a CPU's
-#: share where it competes with the serving process), not idle-only: at SCHED_IDLE it got no
-#: CPU at all beside a busy machine's other work (capture stopped, a killed replica's encoder
-#: did not even run to its exit). Nice 10 cost p99 1.34x capture off at 100 % sampling, 19
-#: 1.12-1.14x (bench/results/capture-2026-12-07.md, "Late evening").
-NICE = 19
+#: The encoder's CPU priority once it has imported what it uses: below the serving process (a
+#: tenth of a CPU's share where the two compete), not idle-only: at SCHED_IDLE it got no CPU at
+#: all beside a busy machine's other work (capture stopped, a killed replica's encoder did not
+#: even run to its exit). Nice 19 looked better for p99 at 100 % sampling (1.12-1.14x capture
+#: off against 1.34x, single runs within the bench's noise) but beside two CPU burners stored
+#: 41 of 301 records and dropped 190: not worth it (bench/results/capture-2026-12-07.md).
+NICE = 10
 _F_SETPIPE_SZ = 1031  # Linux: a pipe that holds a batch in one go (fewer wake-ups)
 _PIPE_BYTES = 1 << 20
 
