@@ -22,7 +22,7 @@ from registry.models import AuditEvent, Endpoint, ReplicaHeartbeat
 from registry.monitoring import capture_store
 from registry.monitoring.capture import prune_capture
 from registry.serving_source import build_desired_state
-from serving.core import capture_files
+from serving.core import capture_files, capture_wire
 from serving.core.batch_policy import merge_inputs, split_outputs
 from serving.core.capture import CaptureQueue, CaptureSettings
 from serving.core.capture_wire import BATCH, HAS_INPUTS, HAS_OUTPUTS, RECORD, TRUNCATED
@@ -394,6 +394,62 @@ def test_a_batchers_run_is_packed_once_and_reads_back_as_each_request_alone(enco
     assert run([1, 1, 1], ["h1", "h2", "h3"]) == []
     assert queue.snapshot("m", "2")["dropped"] == 3
     queue.stop()
+
+
+def test_runs_written_from_their_joined_arrays_make_the_file_the_general_way_makes():
+    rng = np.random.default_rng(3)
+    queue = CaptureQueue(None, flush_s=3600)
+    queue.start = lambda: None
+    settings = CaptureSettings(100)
+
+    def run(rows, *, model="m", word=False, order=">f4", ids=True):
+        inputs = [{"x": rng.standard_normal((n, 3)).astype(np.float32),
+                   "k": rng.integers(0, 9, (n, 2, 2)).astype(np.int16)} for n in rows]
+        feeds = merge_inputs(inputs)
+        outputs = {"y": feeds["x"].sum(axis=1, keepdims=True).astype(np.float64)}
+        if word:
+            outputs["w"] = np.array([str(v) for v in feeds["k"][:, 0, 0]], dtype=object)
+        if order != ">f4":
+            outputs["z"] = feeds["x"].astype(order)
+        tickets = [queue.ticket(model, "4", "candidate", f"r{rng.integers(1 << 40)}" if ids
+                                and i else None, time.perf_counter_ns(), settings, 1 << 20)
+                   for i in range(len(rows))]
+        queue.offer_batch(tickets, inputs, feeds, outputs, split_outputs(outputs, rows), rows)
+
+    def both(n_runs: list[dict]) -> tuple:
+        queue._open = type(queue._open)()
+        for kw in n_runs:
+            run(**kw)
+        blocks = capture_wire.unpack_blocks(bytes(queue._open.buf))
+        ids = iter(f"given-{i}" for i in range(10**6))
+        quick = capture_files.encode_blocks(blocks, new_id=lambda: next(ids))
+        ids = iter(f"given-{i}" for i in range(10**6))
+        files, failed = capture_files.encode(capture_wire.entries(blocks),
+                                             new_id=lambda: next(ids), pause=lambda: None)
+        assert not failed
+        return quick, files
+
+    # runs of one row each, of several rows, and a request alone (two requests a block or more)
+    quick, (general,) = both([{"rows": [1, 1, 1, 1]}, {"rows": [2, 1, 3]}, {"rows": [1]},
+                              {"rows": [1, 1], "ids": False}])
+    assert quick is not None and quick.versions == general.versions == {"4": 10}
+    assert capture_store.decode(quick.payload) == capture_store.decode(general.payload)
+    assert pq_schema(quick.payload) == pq_schema(general.payload)
+    assert quick.first_ts == general.first_ts and quick.model == general.model
+    # the general way: text, a byte order not native, two models, requests mostly alone
+    for runs in ([{"rows": [1, 1], "word": True}], [{"rows": [1, 1], "order": ">f8"}],
+                 [{"rows": [1, 1]}, {"rows": [1, 1], "model": "other"}],
+                 [{"rows": [1]}, {"rows": [1]}, {"rows": [1, 1]}]):
+        quick, files = both(runs)
+        assert quick is None and sum(f.rows for f in files) == sum(
+            len(r["rows"]) for r in runs), runs
+
+
+def pq_schema(payload: bytes):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return pq.read_schema(pa.BufferReader(payload))
 
 
 def test_a_replica_captures_each_request_of_a_batch_with_its_own_rows_and_id(tmp_path):

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import sys
 import threading
@@ -258,23 +259,38 @@ def _encode_group(entries: list[tuple], new_id, pace) -> tuple[list[CaptureFile]
 
 def _parquet(entries: list[tuple], columns: dict, dtypes: dict, cut: list[bool], new_id,
              pace) -> bytes:
-    """The file: the fixed columns, then each tensor's values and shape columns, written with
-    zstd (byte-stream-split floats compress ~8-10 % smaller for the same time)."""
-    pa, pq = arrow()
+    """The file of a group of entries: the fixed columns, then each tensor's columns."""
+    pa, _ = arrow()
     ts, ids, _, versions, roles, latency, ins, outs, _, _, _ = zip(*entries, strict=True)
-    arrays = [pa.array([i or new_id() for i in ids], pa.string()),
-              pa.repeat(pa.scalar(entries[0][2], pa.string()), len(entries)),
-              pa.array(versions, pa.string()), pa.array(roles, pa.string())]
-    pace()
-    arrays += [pa.array(ts, pa.float64()), pa.array(np.round(np.array(latency, np.float64), 3)),
-               pa.array(cut, pa.bool_()), _modes(pa, ins, outs)]
-    fields = list(fixed_schema(pa))
-    named: dict[str, list[str]] = {}
-    split = ["ts", "latency_ms"]
+    fixed = _fixed(pa, entries[0][2], [i or new_id() for i in ids], versions, roles, ts,
+                   latency, cut, ins, outs)
+    tensors = []
     for (part, name), column in columns.items():
         pace()
         dtype = next(iter(dtypes[(part, name)]), None)
-        built = _tensor_columns(pa, dtype, column, pace)
+        tensors.append((part, name, dtype, _tensor_columns(pa, dtype, column, pace)))
+    pace()
+    return _write(fixed, tensors)
+
+
+def _fixed(pa, model: str, ids, versions, roles, ts, latency, cut, ins, outs) -> list:
+    """The fixed columns' arrays (fixed_schema's order), one value per record."""
+    return [pa.array(ids, pa.string()), pa.repeat(pa.scalar(model, pa.string()), len(ids)),
+            pa.array(versions, pa.string()), pa.array(roles, pa.string()),
+            pa.array(ts, pa.float64()), pa.array(np.round(np.array(latency, np.float64), 3)),
+            pa.array(cut, pa.bool_()), _modes(pa, ins, outs)]
+
+
+def _write(fixed: list, tensors: list[tuple]) -> bytes:
+    """The Parquet bytes: the fixed columns, then each tensor's (part, name, dtype, (values,
+    shape) or None) data and shape columns, written with zstd (byte-stream-split floats
+    compress ~8-10 % smaller for the same time)."""
+    pa, pq = arrow()
+    fields = list(fixed_schema(pa))
+    arrays = list(fixed)
+    named: dict[str, list[str]] = {}
+    split = ["ts", "latency_ms"]
+    for part, name, dtype, built in tensors:
         for kind, array in zip(("data", "shape"), built or (), strict=False):
             label = f"{part}.{name}" if kind == "data" else f"{part}.{name}.shape"
             while label in named:  # (a tensor "x.shape" beside "x"): names are for people only
@@ -284,7 +300,6 @@ def _parquet(entries: list[tuple], columns: dict, dtypes: dict, cut: list[bool],
             arrays.append(array)
             if kind == "data" and dtype.kind == "f":
                 split.append(f"{label}.list.element")
-    pace()
     table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
     out = pa.BufferOutputStream()
     with pq.ParquetWriter(out, table.schema, compression=COMPRESSION,
@@ -294,6 +309,91 @@ def _parquet(entries: list[tuple], columns: dict, dtypes: dict, cut: list[bool],
         writer.write_table(table)
         writer.add_key_value_metadata({b"capture.format": FORMAT, TENSORS: orjson.dumps(named)})
     return out.getvalue().to_pybytes()
+
+
+# A block is what serving.core.capture_wire unpacks from one packed record: one request, or the
+# requests of one dynamic-batcher run with their tensors joined along axis 0:
+#   (ts, [(request id or None, latency ms, rows or None: a request alone)], model, version,
+#    role, inputs or None, outputs or None, truncated,
+#    kinds: (has inputs, has outputs, (part, tensor name, dtype or None for text)...))
+
+
+def encode_blocks(blocks: list[tuple], *, new_id: Callable[[], str],
+                  pause: Callable[[], None] = pause) -> CaptureFile | None:
+    """Blocks as one file written from their arrays as they came (a run's joined), with no
+    entry made per request, when they are regular: one model and hour, the same kinds in every
+    block, every tensor numeric in native byte order, and runs enough to gain by it (two
+    requests a block on average: a block costs more here than an entry does in `encode`).
+    None otherwise: the caller makes entries and writes them through `encode`. The file is the
+    one `encode` makes of the same records. `pause`: as in `encode`."""
+    if not blocks or sum(len(b[1]) for b in blocks) < 2 * len(blocks):
+        return None
+    pace = _Pacer(pause)
+    first = blocks[0]
+    model, hour, kinds = first[2], first[0] // 3600, first[8]
+    for _, _, dtype in kinds[2:]:
+        if dtype is None or dtype.kind not in "biuf" or not dtype.isnative:
+            return None
+    for block in blocks:
+        if block[2] != model or block[0] // 3600 != hour or (
+                block[8] is not kinds and block[8] != kinds):
+            return None
+    pa, _ = arrow()
+    ids: list = []
+    latency: list = []
+    versions: list[str] = []
+    roles: list[str] = []
+    ts: list[float] = []
+    cut: list[bool] = []
+    rows_of = []
+    for when, requests, _, version, role, _, _, truncated, _ in blocks:
+        given, ms, rows = zip(*requests, strict=True)
+        ids += given if None not in given else [i if i is not None else new_id() for i in given]
+        latency += ms
+        rows_of.append(rows)
+        n = len(given)
+        versions += [version] * n
+        roles += [role] * n
+        ts += [when] * n
+        cut += [truncated] * n
+    pace()
+    n = len(ids)
+    fixed = _fixed(pa, model, ids, versions, roles, ts, latency, cut,  # (parts: _modes's)
+                   (True if kinds[0] else None,) * n, (True if kinds[1] else None,) * n)
+    tensors = []
+    for part, name, dtype in kinds[2:]:
+        pace()
+        at = 5 if part == "inputs" else 6
+        arrays = [block[at][name] for block in blocks]
+        sizes: list[int] = []
+        ndims: list[int] = []
+        dims: list[int] = []
+        for rows, array in zip(rows_of, arrays, strict=True):
+            if rows[0] is None:  # a request alone: its array as it is
+                sizes.append(array.size)
+                ndims.append(array.ndim)
+                dims += array.shape
+                continue
+            rest = list(array.shape[1:])
+            per_row = math.prod(rest)
+            k = len(rows)
+            if rows.count(1) == k:  # a row each (the usual run)
+                sizes += [per_row] * k
+                ndims += [array.ndim] * k
+                dims += [1, *rest] * k
+                continue
+            for r in rows:
+                sizes.append(r * per_row)
+                ndims.append(array.ndim)
+                dims.append(r)
+                dims += rest
+        values = pa.array(np.frombuffer(b"".join(arrays), dtype))
+        tensors.append((part, name, dtype, (
+            _lists(pa, None, n, np.array(sizes, np.int64), values),
+            _lists(pa, None, n, np.array(ndims, np.int64), pa.array(np.array(dims, np.int32))))))
+    pace()
+    return CaptureFile(model=model, first_ts=min(b[0] for b in blocks),
+                       payload=_write(fixed, tensors), versions=dict(Counter(versions)))
 
 
 def _modes(pa, ins: tuple, outs: tuple):

@@ -45,6 +45,7 @@ U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
 BATCH_ENTRY = struct.Struct("<dIH")
 TRUNCATED, HAS_INPUTS, HAS_OUTPUTS, BATCH = 1, 2, 4, 8
+_PARTS_SEEN = HAS_INPUTS | HAS_OUTPUTS
 NO_ID = 0xFFFF
 TEXT = b".T"
 _PARTS = (b"\x00", b"\x01")
@@ -110,17 +111,42 @@ class Packer:
 
 
 def unpack(blob) -> list[tuple]:
-    """A buffer of records as queue entries (serving.core.capture_files), arrays viewing
-    `blob` (read-only); ValueError where the bytes are not records."""
+    """A buffer of records as queue entries (serving.core.capture_files), one per request,
+    arrays viewing `blob` (read-only); ValueError where the bytes are not records."""
+    return entries(unpack_blocks(blob))
+
+
+def unpack_blocks(blob) -> list[tuple]:
+    """A buffer of records as blocks (serving.core.capture_files.encode_blocks: a request, or
+    a batcher run's requests with their tensors joined), arrays viewing `blob` (read-only);
+    ValueError where the bytes are not records."""
     try:
         return _unpack(memoryview(blob))
     except (struct.error, IndexError, TypeError, UnicodeDecodeError) as exc:
         raise ValueError(f"capture record cut short or malformed: {exc}") from None
 
 
+def entries(blocks: list[tuple]) -> list[tuple]:
+    """Blocks as queue entries, one per request (a run's requests each with their own rows)."""
+    out = []
+    for ts, requests, model, version, role, inputs, outputs, truncated, _ in blocks:
+        start = 0
+        for request_id, latency, rows in requests:
+            if rows is None:
+                ins, outs = inputs, outputs
+            else:
+                end = start + rows
+                ins = None if inputs is None else {n: a[start:end] for n, a in inputs.items()}
+                outs = None if outputs is None else {n: a[start:end] for n, a in outputs.items()}
+                start = end
+            out.append((ts, request_id, model, version, role, latency, ins, outs, 2**62,
+                        truncated, 0))
+    return out
+
+
 def _unpack(view: memoryview) -> list[tuple]:
-    layouts: dict[bytes, tuple] = {}
-    entries = []
+    layouts: dict[tuple[bytes, int], tuple] = {}
+    blocks = []
     at, end = 0, len(view)
     fixed = RECORD.size
     while at < end:
@@ -129,17 +155,22 @@ def _unpack(view: memoryview) -> list[tuple]:
         if flags & BATCH:
             requests, pos = _requests(view, pos, id_size)
         elif id_size == NO_ID:
-            request_id = None
+            requests = [(None, latency, None)]
         else:
-            request_id = str(view[pos:pos + id_size], "utf-8", "surrogatepass")
+            requests = [(str(view[pos:pos + id_size], "utf-8", "surrogatepass"), latency, None)]
             pos += id_size
         key = bytes(view[pos:pos + layout_size])
-        layout = layouts.get(key)
-        if layout is None:
-            layout = layouts[key] = _layout(key, count)
+        kinds = layouts.get((key, flags & _PARTS_SEEN))
+        if kinds is None:
+            layout = _layout(key, count)
+            kinds = layouts[(key, flags & _PARTS_SEEN)] = (layout, (
+                bool(flags & HAS_INPUTS), bool(flags & HAS_OUTPUTS),
+                *((capture_files.PARTS[t[0]], t[1], t[2]) for t in layout[3])))
+        layout, kinds = kinds
         pos += layout_size
         model, version, role, tensors = layout
-        arrays = []
+        parts: tuple[dict | None, dict | None] = (
+            {} if flags & HAS_INPUTS else None, {} if flags & HAS_OUTPUTS else None)
         for part, name, dtype, dims, size in tensors:
             data = view[pos:pos + size]
             pos += size
@@ -147,28 +178,18 @@ def _unpack(view: memoryview) -> list[tuple]:
                 array = np.array(_elements(data), dtype=object).reshape(dims)
             else:
                 array = np.frombuffer(data, dtype).reshape(dims)
-            arrays.append((part, name, array))
+            parts[part][name] = array  # type: ignore[index]
         if pos != at + length:
             raise ValueError(f"capture record at {at}: {pos - at} bytes read of {length}")
-        truncated = bool(flags & TRUNCATED)
-        if not flags & BATCH:
-            requests = ((request_id, latency, None),)
-        else:
+        if flags & BATCH:
             total = sum(r[2] for r in requests)
-            if any(a.ndim == 0 or a.shape[0] != total for _, _, a in arrays):
-                raise ValueError(f"capture record at {at}: a batch's tensor without its rows")
-        start = 0
-        for request_id, latency, rows in requests:
-            parts: tuple[dict | None, dict | None] = (
-                {} if flags & HAS_INPUTS else None, {} if flags & HAS_OUTPUTS else None)
-            for part, name, array in arrays:
-                parts[part][name] = array if rows is None else array[start:start + rows]  # type: ignore[index]
-            if rows is not None:
-                start += rows
-            entries.append((ts, request_id, model, version, role, latency, parts[0], parts[1],
-                            2**62, truncated, 0))
+            for tensors_of in parts:
+                if any(a.ndim == 0 or a.shape[0] != total for a in (tensors_of or {}).values()):
+                    raise ValueError(f"capture record at {at}: a batch's tensor without its rows")
+        blocks.append((ts, requests, model, version, role, parts[0], parts[1],
+                       bool(flags & TRUNCATED), kinds))
         at += length
-    return entries
+    return blocks
 
 
 def _requests(view: memoryview, pos: int, n: int) -> tuple[list[tuple], int]:
