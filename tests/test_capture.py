@@ -458,6 +458,9 @@ def test_a_replica_captures_each_request_of_a_batch_with_its_own_rows_and_id(tmp
 
     write_model(tmp_path / "models", "mlp", "1", samples.mlp(), config={
         "max_batch_size": 8, "max_queue_delay_us": 3000, "capture": {"percent": 100}})
+    # answers from the response cache never reach a batcher: captured on their own
+    write_model(tmp_path / "models", "cached", "1", samples.mlp(seed=4), config={
+        "response_cache": True, "capture": {"percent": 100}})
     server = Server(tmp_path / "models", MMC_CAPTURE_DIR=str(tmp_path / "capture"),
                     MMC_CAPTURE_FLUSH_SECONDS="0.2")
     try:
@@ -473,16 +476,26 @@ def test_a_replica_captures_each_request_of_a_batch_with_its_own_rows_and_id(tmp
 
             with ThreadPoolExecutor(16) as pool:
                 answers = dict(pool.map(call, range(160)))
+            cached = [http.post("/v2/models/cached/infer", json=ROW) for _ in range(3)]
+            assert [r.status_code for r in cached] == [200] * 3
             metrics = http.get("/metrics").text
-        runs = counter_value(metrics, "nv_inference_exec_count")
-        assert counter_value(metrics, "nv_inference_request_success") == 160
+        runs = counter_value(metrics, "nv_inference_exec_count", "mlp")
+        assert counter_value(metrics, "nv_inference_request_success", "mlp") == 160
         assert runs < 150, "the requests were not batched: no run took two"
+        assert counter_value(metrics, "nv_cache_num_hits_per_model", "cached") == 2
         store = FileStore(tmp_path / "capture", 10**9)
         records = wait_until(lambda: len(r := list(capture_store.iter_records(
             "mlp", since=time.time() - 300, store=store))) == 160 and r, timeout=30,
             what="160 records stored")
+        hits = wait_until(lambda: len(r := list(capture_store.iter_records(
+            "cached", since=time.time() - 300, store=store))) == 3 and r, timeout=30,
+            what="3 records of the cached model stored")
     finally:
         server.stop()
+    assert {r["id"] for r in hits} == {r.headers["x-request-id"] for r in cached}
+    for r, answer in zip(sorted(hits, key=lambda r: r["ts"]), cached, strict=True):
+        assert r["outputs"]["y"]["data"] == pytest.approx(answer.json()["outputs"][0]["data"])
+        assert r["inputs"]["x"]["data"] == [0.5] * 64
     assert {r["id"] for r in records} == set(answers)
     for r in records:  # each record holds its own request's rows and its own answer
         rows = r["inputs"]["x"]["shape"][0]
@@ -496,9 +509,11 @@ def test_a_replica_captures_each_request_of_a_batch_with_its_own_rows_and_id(tmp
             assert data[0] == pytest.approx(i / 10) and rows == 1 + i % 2
 
 
-def counter_value(metrics: str, name: str) -> float:
+def counter_value(metrics: str, name: str, model: str = "") -> float:
+    """A metric summed over its series (of one model's, given one)."""
+    label = f'model="{model}"' if model else ""
     return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith(name + "{"))
+               if line.startswith(name + "{") and label in line)
 
 
 def test_the_encoder_process_answers_batch_after_batch_and_one_that_dies_costs_its_batch():

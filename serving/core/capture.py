@@ -2,7 +2,10 @@
 
 A request that is sampled is packed, as it is offered, into the open batch of a bounded queue
 (serving.core.capture_wire: its time, id, model, version, role, latency and the bytes of its
-input/output arrays, tensors past the endpoint's byte cap left out). A background thread hands
+input/output arrays, tensors past the endpoint's byte cap left out). It is offered by the
+dynamic-batcher run that answers it (serving.core.batching, through its Ticket): a run whose
+requests were all sampled alike is packed once, from its joined arrays, as one record that
+still reads back as one row per request. A background thread hands
 each batch to the encoder, a child process by default (serving.core.capture_encoder), which
 makes the Parquet files (serving.core.capture_files) outside the serving process's
 interpreter, and each file it gets back to a sink: the artifact store directly where the
