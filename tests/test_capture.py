@@ -354,6 +354,7 @@ def test_a_batchers_run_is_packed_once_and_reads_back_as_each_request_alone(enco
     assert run([1, 3, 2], ["a1", None, "a3"]) == [BATCH | HAS_INPUTS | HAS_OUTPUTS]
     assert run([2, 2], ["b1", "b2"], settings=CaptureSettings(100, "inputs")) == [
         BATCH | HAS_INPUTS]
+    assert run([1, 2], ["\u00e9t\u00e9", "b\u00fc-\u4e2d"]) == [BATCH | HAS_INPUTS | HAS_OUTPUTS]
     # otherwise each sampled request alone, as the request path would have offered it
     assert run([1, 2, 1], ["c1", "c2", "c3"], sampled=[True, False, True]) == [6, 6]
     assert run([1, 1], ["d1", "d2"], roles=["stable", "pinned"]) == [6, 6]
@@ -361,13 +362,13 @@ def test_a_batchers_run_is_packed_once_and_reads_back_as_each_request_alone(enco
     assert run([1, 3], ["e1", "e2"], settings=cap) == [6, 6 | TRUNCATED]
     assert run([1, 3], ["f1", "f2"], budget=50) == [6]  # f2's 72 output bytes: a 400, not kept
     assert run([2, 1], ["g1", "g2"], text=True) == [6, 6]
-    assert queue.snapshot("m", "2") == {"captured": 14, "dropped": 0, "written": 0, "failed": 0}
-    assert queue.flush() == 14
+    assert queue.snapshot("m", "2") == {"captured": 16, "dropped": 0, "written": 0, "failed": 0}
+    assert queue.flush() == 16
     got = {r["id"]: r for f in stored for r in capture_store.decode(f.payload)}
     (generated,) = [i for i in got if len(i) == 24]
     got["a2"] = got.pop(generated)
-    assert sorted(got) == ["a1", "a2", "a3", "b1", "b2", "c1", "c3", "d1", "d2", "e1", "e2",
-                           "f1", "g1", "g2"]
+    assert sorted(got) == sorted(["a1", "a2", "a3", "b1", "b2", "c1", "c3", "d1", "d2", "e1",
+                                  "e2", "f1", "g1", "g2", "\u00e9t\u00e9", "b\u00fc-\u4e2d"])
     for tickets, inputs, parts, settings in runs:
         for i, ticket in enumerate(tickets):
             if ticket is None or (ticket.request_id or "a2") not in got:
@@ -387,7 +388,7 @@ def test_a_batchers_run_is_packed_once_and_reads_back_as_each_request_alone(enco
             assert (i + 1) * 5 <= record["latency_ms"] < (i + 1) * 5 + 60_000
     assert got["e2"]["truncated"] and not got["e1"]["truncated"]
     assert got["g1"]["outputs"]["word"]["datatype"] == "BYTES"
-    assert queue.snapshot("m", "2") == {"captured": 14, "dropped": 0, "written": 14,
+    assert queue.snapshot("m", "2") == {"captured": 16, "dropped": 0, "written": 16,
                                         "failed": 0}
     # a full queue drops the run's records together, counted; an empty one takes them again
     queue.max_records = 2

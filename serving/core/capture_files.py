@@ -313,8 +313,8 @@ def _write(fixed: list, tensors: list[tuple]) -> bytes:
 
 # A block is what serving.core.capture_wire unpacks from one packed record: one request, or the
 # requests of one dynamic-batcher run with their tensors joined along axis 0:
-#   (ts, [(request id or None, latency ms, rows or None: a request alone)], model, version,
-#    role, inputs or None, outputs or None, truncated,
+#   (ts, ([request id or None], [latency ms], [rows] or None: a request alone), model,
+#    version, role, inputs or None, outputs or None, truncated,
 #    kinds: (has inputs, has outputs, (part, tensor name, dtype or None for text)...))
 
 
@@ -326,7 +326,7 @@ def encode_blocks(blocks: list[tuple], *, new_id: Callable[[], str],
     requests a block on average: a block costs more here than an entry does in `encode`).
     None otherwise: the caller makes entries and writes them through `encode`. The file is the
     one `encode` makes of the same records. `pause`: as in `encode`."""
-    if not blocks or sum(len(b[1]) for b in blocks) < 2 * len(blocks):
+    if not blocks or sum(len(b[1][0]) for b in blocks) < 2 * len(blocks):
         return None
     pace = _Pacer(pause)
     first = blocks[0]
@@ -346,8 +346,7 @@ def encode_blocks(blocks: list[tuple], *, new_id: Callable[[], str],
     ts: list[float] = []
     cut: list[bool] = []
     rows_of = []
-    for when, requests, _, version, role, _, _, truncated, _ in blocks:
-        given, ms, rows = zip(*requests, strict=True)
+    for when, (given, ms, rows), _, version, role, _, _, truncated, _ in blocks:
         ids += given if None not in given else [i if i is not None else new_id() for i in given]
         latency += ms
         rows_of.append(rows)
@@ -369,7 +368,7 @@ def encode_blocks(blocks: list[tuple], *, new_id: Callable[[], str],
         ndims: list[int] = []
         dims: list[int] = []
         for rows, array in zip(rows_of, arrays, strict=True):
-            if rows[0] is None:  # a request alone: its array as it is
+            if rows is None:  # a request alone: its array as it is
                 sizes.append(array.size)
                 ndims.append(array.ndim)
                 dims += array.shape

@@ -129,16 +129,18 @@ def unpack_blocks(blob) -> list[tuple]:
 def entries(blocks: list[tuple]) -> list[tuple]:
     """Blocks as queue entries, one per request (a run's requests each with their own rows)."""
     out = []
-    for ts, requests, model, version, role, inputs, outputs, truncated, _ in blocks:
+    for ts, (ids, latencies, counts), model, version, role, inputs, outputs, truncated, _ \
+            in blocks:
+        if counts is None:  # a request alone
+            out.append((ts, ids[0], model, version, role, latencies[0], inputs, outputs, 2**62,
+                        truncated, 0))
+            continue
         start = 0
-        for request_id, latency, rows in requests:
-            if rows is None:
-                ins, outs = inputs, outputs
-            else:
-                end = start + rows
-                ins = None if inputs is None else {n: a[start:end] for n, a in inputs.items()}
-                outs = None if outputs is None else {n: a[start:end] for n, a in outputs.items()}
-                start = end
+        for request_id, latency, rows in zip(ids, latencies, counts, strict=True):
+            end = start + rows
+            ins = None if inputs is None else {n: a[start:end] for n, a in inputs.items()}
+            outs = None if outputs is None else {n: a[start:end] for n, a in outputs.items()}
+            start = end
             out.append((ts, request_id, model, version, role, latency, ins, outs, 2**62,
                         truncated, 0))
     return out
@@ -155,9 +157,9 @@ def _unpack(view: memoryview) -> list[tuple]:
         if flags & BATCH:
             requests, pos = _requests(view, pos, id_size)
         elif id_size == NO_ID:
-            requests = [(None, latency, None)]
+            requests = ([None], [latency], None)
         else:
-            requests = [(str(view[pos:pos + id_size], "utf-8", "surrogatepass"), latency, None)]
+            requests = ([str(view[pos:pos + id_size], "utf-8", "surrogatepass")], [latency], None)
             pos += id_size
         key = bytes(view[pos:pos + layout_size])
         kinds = layouts.get((key, flags & _PARTS_SEEN))
@@ -182,7 +184,7 @@ def _unpack(view: memoryview) -> list[tuple]:
         if pos != at + length:
             raise ValueError(f"capture record at {at}: {pos - at} bytes read of {length}")
         if flags & BATCH:
-            total = sum(r[2] for r in requests)
+            total = sum(requests[2])
             for tensors_of in parts:
                 if any(a.ndim == 0 or a.shape[0] != total for a in (tensors_of or {}).values()):
                     raise ValueError(f"capture record at {at}: a batch's tensor without its rows")
@@ -192,20 +194,33 @@ def _unpack(view: memoryview) -> list[tuple]:
     return blocks
 
 
-def _requests(view: memoryview, pos: int, n: int) -> tuple[list[tuple], int]:
-    """A batch record's requests, [(id, latency ms, rows)], and where its layout begins."""
-    table = []
-    for _ in range(n):
-        table.append(BATCH_ENTRY.unpack_from(view, pos))
-        pos += BATCH_ENTRY.size
-    requests = []
-    for latency, rows, id_size in table:
-        if id_size == NO_ID:
-            requests.append((None, latency, rows))
-            continue
-        requests.append((str(view[pos:pos + id_size], "utf-8", "surrogatepass"), latency, rows))
-        pos += id_size
-    return requests, pos
+_TABLE = np.dtype([("latency", "<f8"), ("rows", "<u4"), ("id", "<u2")])  # BATCH_ENTRY's
+
+
+def _requests(view: memoryview, pos: int, n: int) -> tuple[tuple, int]:
+    """A batch record's requests, ([id or None], [latency ms], [rows]), and where its layout
+    begins: the table read in one go, the ids decoded in one go where they are ASCII."""
+    table = np.frombuffer(view, _TABLE, count=n, offset=pos)
+    pos += _TABLE.itemsize * n
+    sizes = table["id"].tolist()
+    lengths = [0 if size == NO_ID else size for size in sizes]
+    end = pos + sum(lengths)
+    raw = bytes(view[pos:end])
+    if len(raw) != end - pos:
+        raise ValueError("capture record cut short in its ids")
+    ids: list[str | None] = []
+    if raw.isascii():  # a character per byte: the ids are slices of one string
+        text, at = raw.decode("ascii"), 0
+        for size, length in zip(sizes, lengths, strict=True):
+            ids.append(None if size == NO_ID else text[at:at + length])
+            at += length
+    else:
+        at = 0
+        for size, length in zip(sizes, lengths, strict=True):
+            ids.append(None if size == NO_ID else str(raw[at:at + length], "utf-8",
+                                                         "surrogatepass"))
+            at += length
+    return (ids, table["latency"].tolist(), table["rows"].tolist()), end
 
 
 def _layout(raw: bytes, count: int) -> tuple:
