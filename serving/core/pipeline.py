@@ -113,8 +113,9 @@ class PipelineBatcher:
     def in_flight(self) -> int:
         return self._in_flight
 
-    async def infer(self, inputs: Tensors, trace=None) -> Tensors:
-        """The pipeline's outputs (a trace gets no spans of its steps' batches)."""
+    async def infer(self, inputs: Tensors, trace=None, capture=None) -> Tensors:
+        """The pipeline's outputs (a trace gets no spans of its steps' batches; `capture`: the
+        request's capture Ticket when it is sampled, offered once it is answered)."""
         stats = self.stats
         if self._closed:
             stats.record_failure(0)
@@ -136,6 +137,8 @@ class PipelineBatcher:
             iter(inputs.values())).ndim else 1
         stats.record_execution(1, rows, 0, took, 0)
         stats.record_success(took)
+        if capture is not None:
+            capture.queue.offer_ticket(capture, inputs, outputs)
         return outputs
 
     async def drain(self) -> None:

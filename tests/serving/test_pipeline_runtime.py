@@ -127,6 +127,33 @@ def test_a_two_step_pipeline_answers_with_the_composed_numbers_and_counts_every_
     run(main())
 
 
+def test_a_pipelines_answers_are_captured_under_its_own_name(steps):
+    from registry.monitoring import capture_store
+    from serving.core.capture import CaptureQueue, CaptureSettings
+
+    async def main():
+        dataplane, reconciler, http = await replica(desired(
+            ModelRoute("p", stable="1", capture=CaptureSettings(100)), *steps,
+            pipeline_spec(steps)))
+        stored = []
+        dataplane.capture = CaptureQueue(stored.append, flush_s=3600, encoder="thread")
+        answers = [await http.post("/v2/models/p/infer", json=body([[float(i), 1, 2, 3]]),
+                                   headers={"x-request-id": f"p-{i}"}) for i in range(3)]
+        assert [r.status_code for r in answers] == [200] * 3
+        assert dataplane.capture.flush() == 3
+        dataplane.capture.stop()
+        records = [r for f in stored for r in capture_store.decode(f.payload)]
+        assert sorted(r["id"] for r in records) == ["p-0", "p-1", "p-2"]
+        for r in records:
+            i = int(r["id"][2:])
+            assert (r["model"], r["version"], r["role"]) == ("p", 1, "stable")
+            assert r["inputs"]["x"]["data"] == [i, 1, 2, 3]
+            assert r["outputs"]["y"]["data"] == [3 * v for v in (i, 1, 2, 3)]
+        await reconciler.stop()
+
+    run(main())
+
+
 def test_concurrent_pipeline_requests_are_batched_by_each_step(steps):
     async def main():
         dataplane, reconciler, http = await replica(
