@@ -541,6 +541,10 @@ def test_the_encoder_process_answers_batch_after_batch_and_one_that_dies_costs_i
     assert pid and pid != os.getpid()
     offer(2)
     assert queue.flush() == 2 and encoder.pid == pid  # one process, batch after batch
+    # every thread of it below the serving process (pyarrow's started before it lowered itself)
+    threads = list(Path(f"/proc/{pid}/task").iterdir())
+    assert len(threads) > 1 and {os.getpriority(os.PRIO_PROCESS, int(t.name))
+                                 for t in threads} == {capture_encoder.NICE}
     # bytes that are not records: that batch refused with the reason, the process goes on
     with pytest.raises(capture_encoder.EncoderFailed, match="capture record"):
         encoder.encode(b"\x40\x00\x00\x00" + b"\x00" * 60)

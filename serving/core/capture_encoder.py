@@ -142,6 +142,20 @@ def _read_frame(stream) -> bytes:
     return body
 
 
+def _lower_priority() -> None:
+    """Every thread of this process at NICE (a nice value is a thread's own on Linux: the
+    threads pyarrow started when it was imported would stay at the parent's)."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, NICE)
+        except OSError:
+            pass
+
+
 def _no_pause() -> None:
     """The child has no event loop to give the GIL to."""
 
@@ -153,10 +167,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s capture-encoder[%(process)d] %(levelname)s %(message)s")
     capture_files.arrow()  # imported at the parent's priority: starting is not the slow part
-    try:
-        os.nice(NICE)
-    except OSError:
-        pass
+    _lower_priority()
     while True:
         try:
             buf = _read_frame(source)
