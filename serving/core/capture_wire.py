@@ -43,7 +43,11 @@ RECORD = struct.Struct("<IddBHHI")
 U16 = struct.Struct("<H")
 U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
-BATCH_ENTRY = struct.Struct("<dIH")
+BATCH_ENTRY = struct.Struct("<dIH")  # a batch record's request, packed one by one
+#: the same layout read as a table, a batch record's requests at once
+BATCH_TABLE = np.dtype([("latency", "<f8"), ("rows", "<u4"), ("id", "<u2")])
+if BATCH_TABLE.itemsize != BATCH_ENTRY.size:
+    raise ImportError("capture_wire: BATCH_TABLE and BATCH_ENTRY disagree")
 TRUNCATED, HAS_INPUTS, HAS_OUTPUTS, BATCH = 1, 2, 4, 8
 _PARTS_SEEN = HAS_INPUTS | HAS_OUTPUTS
 NO_ID = 0xFFFF
@@ -194,14 +198,11 @@ def _unpack(view: memoryview) -> list[tuple]:
     return blocks
 
 
-_TABLE = np.dtype([("latency", "<f8"), ("rows", "<u4"), ("id", "<u2")])  # BATCH_ENTRY's
-
-
 def _requests(view: memoryview, pos: int, n: int) -> tuple[tuple, int]:
     """A batch record's requests, ([id or None], [latency ms], [rows]), and where its layout
     begins: the table read in one go, the ids decoded in one go where they are ASCII."""
-    table = np.frombuffer(view, _TABLE, count=n, offset=pos)
-    pos += _TABLE.itemsize * n
+    table = np.frombuffer(view, BATCH_TABLE, count=n, offset=pos)
+    pos += BATCH_TABLE.itemsize * n
     sizes = table["id"].tolist()
     lengths = [0 if size == NO_ID else size for size in sizes]
     end = pos + sum(lengths)
