@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import os
 import random
+import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -397,53 +398,85 @@ def test_a_batchers_run_is_packed_once_and_reads_back_as_each_request_alone(enco
     queue.stop()
 
 
-def test_runs_written_from_their_joined_arrays_make_the_file_the_general_way_makes():
+def test_a_regular_buffer_written_from_its_columns_makes_the_file_the_general_way_makes():
     rng = np.random.default_rng(3)
     queue = CaptureQueue(None, flush_s=3600)
     queue.start = lambda: None
     settings = CaptureSettings(100)
 
-    def run(rows, *, model="m", word=False, order=">f4", ids=True):
+    def run(rows, *, model="m", word=False, order=">f4", ids=True, rank3=False, uid="r",
+            version="4", role="candidate", cap=None):
         inputs = [{"x": rng.standard_normal((n, 3)).astype(np.float32),
-                   "k": rng.integers(0, 9, (n, 2, 2)).astype(np.int16)} for n in rows]
+                   "k": rng.integers(0, 9, (n, 2, 2) if not rank3 else (n, 2)
+                                     ).astype(np.int16)} for n in rows]
         feeds = merge_inputs(inputs)
         outputs = {"y": feeds["x"].sum(axis=1, keepdims=True).astype(np.float64)}
         if word:
-            outputs["w"] = np.array([str(v) for v in feeds["k"][:, 0, 0]], dtype=object)
+            outputs["w"] = np.array([str(v) for v in feeds["k"][:, 0]], dtype=object)
         if order != ">f4":
             outputs["z"] = feeds["x"].astype(order)
-        tickets = [queue.ticket(model, "4", "candidate", f"r{rng.integers(1 << 40)}" if ids
-                                and i else None, time.perf_counter_ns(), settings, 1 << 20)
-                   for i in range(len(rows))]
+        tickets = [queue.ticket(model, version, role, f"{uid}{rng.integers(1 << 40)}" if ids
+                                and (i or ids == "all") else None, time.perf_counter_ns(),
+                                cap or settings, 1 << 20) for i in range(len(rows))]
         queue.offer_batch(tickets, inputs, feeds, outputs, split_outputs(outputs, rows), rows)
 
     def both(n_runs: list[dict]) -> tuple:
         queue._open = type(queue._open)()
         for kw in n_runs:
             run(**kw)
-        blocks = capture_wire.unpack_blocks(bytes(queue._open.buf))
+        buf = bytes(queue._open.buf)
+        columns = capture_wire.columns(buf)
         ids = iter(f"given-{i}" for i in range(10**6))
-        quick = capture_files.encode_blocks(blocks, new_id=lambda: next(ids))
+        quick = None if columns is None else capture_files.encode_columns(
+            columns, new_id=lambda: next(ids))
         ids = iter(f"given-{i}" for i in range(10**6))
-        files, failed = capture_files.encode(capture_wire.entries(blocks),
+        files, failed = capture_files.encode(capture_wire.unpack(buf),
                                              new_id=lambda: next(ids), pause=lambda: None)
         assert not failed
         return quick, files
 
-    # runs of one row each, of several rows, and a request alone (two requests a block or more)
-    quick, (general,) = both([{"rows": [1, 1, 1, 1]}, {"rows": [2, 1, 3]}, {"rows": [1]},
-                              {"rows": [1, 1], "ids": False}])
-    assert quick is not None and quick.versions == general.versions == {"4": 10}
-    assert capture_store.decode(quick.payload) == capture_store.decode(general.payload)
-    assert pq_schema(quick.payload) == pq_schema(general.payload)
-    assert quick.first_ts == general.first_ts and quick.model == general.model
-    # the general way: text, a byte order not native, two models, requests mostly alone
+    # runs of one row each, of several rows, requests alone (with and without an id, ids not
+    # ASCII, every id given), two versions and roles in one buffer
+    for runs in ([{"rows": [1, 1, 1, 1]}, {"rows": [2, 1, 3]}, {"rows": [1]},
+                  {"rows": [1, 1], "ids": False}],
+                 [{"rows": [1]}, {"rows": [1], "ids": False}, {"rows": [3]}, {"rows": [2, 1]}],
+                 [{"rows": [1, 1, 1], "ids": "all"}, {"rows": [2], "ids": "all"}],
+                 [{"rows": [1, 2], "uid": "\u00e9t\u00e9-"}, {"rows": [2], "version": "5"},
+                  {"rows": [1, 1], "role": "stable", "version": "5"}]):
+        quick, (general,) = both(runs)
+        n = sum(len(r["rows"]) for r in runs)
+        assert quick is not None and sum(quick.versions.values()) == n, runs
+        assert quick.versions == general.versions
+        assert capture_store.decode(quick.payload) == capture_store.decode(general.payload)
+        assert pq_schema(quick.payload) == pq_schema(general.payload)
+        assert quick.first_ts == general.first_ts and quick.model == general.model
+    # the general way: text, a byte order not native, two models, tensors of another rank,
+    # a record cut by the byte cap, bytes that are not records
+    cap = CaptureSettings(100, "both", 40)
     for runs in ([{"rows": [1, 1], "word": True}], [{"rows": [1, 1], "order": ">f8"}],
                  [{"rows": [1, 1]}, {"rows": [1, 1], "model": "other"}],
-                 [{"rows": [1]}, {"rows": [1]}, {"rows": [1, 1]}]):
+                 [{"rows": [1, 1]}, {"rows": [1], "rank3": True}],
+                 [{"rows": [1, 1]}, {"rows": [1, 3], "cap": cap}]):
         quick, files = both(runs)
         assert quick is None and sum(f.rows for f in files) == sum(
             len(r["rows"]) for r in runs), runs
+    queue._open = type(queue._open)()
+    run([2, 1])
+    run([1, 1])
+    run([1])
+    whole = bytes(queue._open.buf)
+    assert capture_wire.columns(whole) is not None
+    (first,) = struct.unpack_from("<I", whole)
+    longer = struct.pack("<I", first + 1) + whole[4:]
+    more_rows = bytearray(whole)  # the first run's first request: 3 rows where it held 2
+    more_rows[RECORD.size + 8] = 3
+    moved = bytearray(more_rows)  # and the second's first none: as many rows in all
+    moved[first + RECORD.size + 8] = 0
+    for broken in (whole[:-1], whole + b"\0", longer, bytes(more_rows), bytes(moved)):
+        assert capture_wire.columns(broken) is None
+        with pytest.raises(ValueError):
+            capture_wire.unpack(broken)
+    assert capture_wire.columns(b"") is None
 
 
 def pq_schema(payload: bytes):

@@ -49,15 +49,14 @@ def encode_packed(buf, pause: Callable[[], None] = capture_files.pause,
                   ) -> tuple[list[CaptureFile], dict[tuple[str, str], int]]:
     """A packed batch as capture files, and the records that could not be written per model
     and version (logged by capture_files.encode). `pause`: see capture_files.encode."""
+    columns = capture_wire.columns(buf)
+    if columns is not None:  # the usual batch: written from its columns, no entry per request
+        try:
+            return [capture_files.encode_columns(columns, new_id=capture_wire.new_request_id,
+                                                 pause=pause)], {}
+        except Exception:  # noqa: BLE001 - the general way below says what is wrong, per record
+            log.exception("capture: a batch not written the quick way; written record by record")
     blocks = capture_wire.unpack_blocks(buf)
-    try:  # the usual batch: written from the records' arrays as they came, no entry per request
-        file = capture_files.encode_blocks(blocks, new_id=capture_wire.new_request_id,
-                                           pause=pause)
-    except Exception:  # noqa: BLE001 - the general way below says what is wrong, per record
-        log.exception("capture: a batch not written the quick way; written record by record")
-        file = None
-    if file is not None:
-        return [file], {}
     entries = capture_wire.entries(blocks)
     files, lost = capture_files.encode(entries, new_id=capture_wire.new_request_id, pause=pause)
     return files, dict(Counter((e[2], e[3]) for e in lost))

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
 import sys
 import threading
@@ -311,88 +310,35 @@ def _write(fixed: list, tensors: list[tuple]) -> bytes:
     return out.getvalue().to_pybytes()
 
 
-# A block is what serving.core.capture_wire unpacks from one packed record: one request, or the
-# requests of one dynamic-batcher run with their tensors joined along axis 0:
-#   (ts, ([request id or None], [latency ms], [rows] or None: a request alone), model,
-#    version, role, inputs or None, outputs or None, truncated,
-#    kinds: (has inputs, has outputs, (part, tensor name, dtype or None for text)...))
-
-
-def encode_blocks(blocks: list[tuple], *, new_id: Callable[[], str],
-                  pause: Callable[[], None] = pause) -> CaptureFile | None:
-    """Blocks as one file written from their arrays as they came (a run's joined), with no
-    entry made per request, when they are regular: one model and hour, the same kinds in every
-    block, every tensor numeric in native byte order, and runs enough to gain by it (two
-    requests a block on average: a block costs more here than an entry does in `encode`).
-    None otherwise: the caller makes entries and writes them through `encode`. The file is the
-    one `encode` makes of the same records. `pause`: as in `encode`."""
-    if not blocks or sum(len(b[1][0]) for b in blocks) < 2 * len(blocks):
-        return None
-    pace = _Pacer(pause)
-    first = blocks[0]
-    model, hour, kinds = first[2], first[0] // 3600, first[8]
-    for _, _, dtype in kinds[2:]:
-        if dtype is None or dtype.kind not in "biuf" or not dtype.isnative:
-            return None
-    for block in blocks:
-        if block[2] != model or block[0] // 3600 != hour or (
-                block[8] is not kinds and block[8] != kinds):
-            return None
+def encode_columns(columns, *, new_id: Callable[[], str],
+                   pause: Callable[[], None] = pause) -> CaptureFile:
+    """A regular buffer's requests (serving.core.capture_wire.columns: one model and hour, the
+    same numeric tensors in every record) as one file, written from the columns as they came:
+    no Python object per request. The file is the one `encode` makes of the same records.
+    `pause`: as in `encode`."""
     pa, _ = arrow()
-    ids: list = []
-    latency: list = []
-    versions: list[str] = []
-    roles: list[str] = []
-    ts: list[float] = []
-    cut: list[bool] = []
-    rows_of = []
-    for when, (given, ms, rows), _, version, role, _, _, truncated, _ in blocks:
-        ids += given if None not in given else [i if i is not None else new_id() for i in given]
-        latency += ms
-        rows_of.append(rows)
-        n = len(given)
-        versions += [version] * n
-        roles += [role] * n
-        ts += [when] * n
-        cut += [truncated] * n
-    pace()
-    n = len(ids)
-    fixed = _fixed(pa, model, ids, versions, roles, ts, latency, cut,  # (parts: _modes's)
+    pace = _Pacer(pause)
+    n = len(columns.ts)
+    if type(columns.ids) is tuple:  # every id given and ASCII: Arrow's string layout already
+        raw, offsets = columns.ids
+        ids = pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(raw))
+    else:
+        ids = [i if i is not None else new_id() for i in columns.ids]
+    kinds = columns.kinds
+    fixed = _fixed(pa, columns.model, ids, columns.versions, columns.roles, columns.ts,
+                   columns.latency, columns.truncated,  # (parts: _modes's)
                    (True if kinds[0] else None,) * n, (True if kinds[1] else None,) * n)
     tensors = []
-    for part, name, dtype in kinds[2:]:
+    for (part, name, dtype), (values, sizes, shapes) in zip(kinds[2:], columns.tensors,
+                                                            strict=True):
         pace()
-        at = 5 if part == "inputs" else 6
-        arrays = [block[at][name] for block in blocks]
-        sizes: list[int] = []
-        ndims: list[int] = []
-        dims: list[int] = []
-        for rows, array in zip(rows_of, arrays, strict=True):
-            if rows is None:  # a request alone: its array as it is
-                sizes.append(array.size)
-                ndims.append(array.ndim)
-                dims += array.shape
-                continue
-            rest = list(array.shape[1:])
-            per_row = math.prod(rest)
-            k = len(rows)
-            if rows.count(1) == k:  # a row each (the usual run)
-                sizes += [per_row] * k
-                ndims += [array.ndim] * k
-                dims += [1, *rest] * k
-                continue
-            for r in rows:
-                sizes.append(r * per_row)
-                ndims.append(array.ndim)
-                dims.append(r)
-                dims += rest
-        values = pa.array(np.frombuffer(b"".join(arrays), dtype))
         tensors.append((part, name, dtype, (
-            _lists(pa, None, n, np.array(sizes, np.int64), values),
-            _lists(pa, None, n, np.array(ndims, np.int64), pa.array(np.array(dims, np.int32))))))
+            _lists(pa, None, n, sizes, pa.array(values)),
+            _lists(pa, None, n, np.full(n, shapes.shape[1], np.int64),
+                   pa.array(shapes.ravel())))))
     pace()
-    return CaptureFile(model=model, first_ts=min(b[0] for b in blocks),
-                       payload=_write(fixed, tensors), versions=dict(Counter(versions)))
+    return CaptureFile(model=columns.model, first_ts=columns.first_ts,
+                       payload=_write(fixed, tensors), versions=dict(columns.counts))
 
 
 def _modes(pa, ins: tuple, outs: tuple):

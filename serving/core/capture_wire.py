@@ -34,6 +34,7 @@ from __future__ import annotations
 import itertools
 import os
 import struct
+from typing import NamedTuple
 
 import numpy as np
 
@@ -196,6 +197,169 @@ def _unpack(view: memoryview) -> list[tuple]:
                        bool(flags & TRUNCATED), kinds))
         at += length
     return blocks
+
+
+class Columns(NamedTuple):
+    """A regular buffer's requests as columns (`columns`), one value or row per request in
+    order: what serving.core.capture_files.encode_columns writes without a Python object per
+    request. `ids`: (ASCII bytes of every id, i32 offsets) where all requests have an ASCII id,
+    else a list of str or None. `tensors`: per (part, name, dtype) of `kinds`, (values, i64
+    values per request, i32 shape per request as an n x ndim matrix)."""
+
+    model: str
+    first_ts: float
+    kinds: tuple  # (has inputs, has outputs, (part, tensor name, dtype)...), as a block's
+    ids: tuple | list
+    versions: np.ndarray  # str objects
+    roles: np.ndarray
+    ts: np.ndarray
+    latency: np.ndarray
+    truncated: np.ndarray
+    tensors: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+    counts: dict[str, int]  # requests per version
+
+
+_ID_SIZES: dict[int, struct.Struct] = {}  # requests in a batch record -> its table's id sizes
+
+
+def columns(blob) -> Columns | None:
+    """A packed buffer as columns when it is regular: one model, one hour, every record with the
+    same parts and tensors (names, numeric dtypes in native byte order, ranks of 1 or more) and
+    nothing the general way would refuse; None otherwise (and for bytes that are not records):
+    the caller unpacks the general way (`unpack_blocks`), which says what is wrong. The walk
+    reads each record's fixed part and keeps where its pieces are; the requests' table, ids and
+    each tensor's values are then joined and read once for the whole buffer."""
+    try:
+        return _columns(memoryview(blob))
+    except (struct.error, IndexError, TypeError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _columns(view: memoryview) -> Columns | None:  # noqa: C901 - one pass, kept together
+    fixed = RECORD.size
+    layouts: dict[tuple[bytes, int], int] = {}
+    parsed: list[tuple] = []
+    rec_ts: list[float] = []
+    rec_n: list[int] = []
+    rec_layout: list[int] = []
+    rec_cut: list[bool] = []
+    rec_data: list[int] = []
+    tables: list = []
+    ids: list = []
+    parts = None
+    at, end = 0, len(view)
+    while at < end:
+        length, ts, latency, flags, count, id_size, layout_size = RECORD.unpack_from(view, at)
+        pos = at + fixed
+        if flags & BATCH:
+            n = id_size
+            sizes_of = _ID_SIZES.get(n)
+            if sizes_of is None:
+                if n < 1:
+                    return None
+                sizes_of = _ID_SIZES[n] = struct.Struct("<" + "12xH" * n)
+            sizes = sizes_of.unpack_from(view, pos)
+            table_end = pos + BATCH_ENTRY.size * n
+            tables.append(view[pos:table_end])
+            id_len = sum(sizes) if NO_ID not in sizes else sum(x for x in sizes if x != NO_ID)
+            pos = table_end
+        else:
+            n = 1
+            tables.append(BATCH_ENTRY.pack(latency, 0, id_size))
+            id_len = 0 if id_size == NO_ID else id_size
+        ids.append(view[pos:pos + id_len])
+        pos += id_len
+        key = (view[pos:pos + layout_size].tobytes(), flags & BATCH)
+        index = layouts.get(key)
+        if index is None:
+            if len(key[0]) != layout_size:
+                return None
+            model, version, role, tensors = _layout(key[0], count)
+            index = layouts[key] = len(parsed)
+            parsed.append((model, version, role, tensors, sum(t[4] for t in tensors),
+                           bool(flags & BATCH)))
+        if parts is None:
+            parts = flags & _PARTS_SEEN
+        pos += layout_size
+        if flags & _PARTS_SEEN != parts or pos + parsed[index][4] != at + length:
+            return None
+        rec_data.append(pos)
+        rec_ts.append(ts)
+        rec_n.append(n)
+        rec_layout.append(index)
+        rec_cut.append(bool(flags & TRUNCATED))
+        at += length
+    if not rec_n or at != end:
+        return None
+    model, signature = parsed[0][0], [(t[0], t[1], t[2], len(t[3])) for t in parsed[0][3]]
+    for layout in parsed:
+        if layout[0] != model or [(t[0], t[1], t[2], len(t[3])) for t in layout[3]] != signature:
+            return None
+    for _, _, dtype, ndim in signature:
+        if dtype is None or dtype.kind not in "biuf" or not dtype.isnative or ndim < 1:
+            return None
+    if int(min(rec_ts) // 3600) != int(max(rec_ts) // 3600):
+        return None
+
+    counts = np.array(rec_n, np.int64)
+    total = int(counts.sum())
+    table = np.frombuffer(b"".join(tables), BATCH_TABLE)
+    if len(table) != total:
+        return None
+    layout_of = np.array(rec_layout, np.int64)
+    batched = np.array([layout[5] for layout in parsed], np.bool_)[layout_of]  # per record
+    of_request = np.repeat(layout_of, counts)  # each request's layout
+    batch = np.repeat(batched, counts)
+    rows = table["rows"].astype(np.int64)
+    joined = np.add.reduceat(rows, np.cumsum(counts) - counts)  # a batch record's rows
+    sizes = table["id"]
+    missing = sizes == NO_ID
+    raw = b"".join(ids)
+    if not missing.any() and raw.isascii():
+        offsets = np.zeros(total + 1, np.int32)
+        np.cumsum(sizes, out=offsets[1:])
+        if offsets[-1] != len(raw):
+            return None
+        given: tuple | list = (raw, offsets)
+    else:
+        given, pos = [], 0
+        for size in sizes.tolist():
+            if size == NO_ID:
+                given.append(None)
+                continue
+            given.append(str(raw[pos:pos + size], "utf-8", "surrogatepass"))
+            pos += size
+        if pos != len(raw):
+            return None
+    columns = []
+    for j, (_, _, dtype, _) in enumerate(signature):
+        dims = np.array([layout[3][j][3] for layout in parsed], np.int64)  # layouts x ndim
+        size = [layout[3][j][4] for layout in parsed]
+        skip = [sum(t[4] for t in layout[3][:j]) for layout in parsed]
+        values = b"".join([view[at + skip[i]:at + skip[i] + size[i]]
+                           for at, i in zip(rec_data, rec_layout, strict=True)])
+        if len(values) % dtype.itemsize:
+            return None
+        if (batched & (dims[layout_of, 0] != joined)).any():
+            return None  # a batch's tensor without its requests' rows
+        shapes = dims[of_request]  # a request alone: its dims; a batch's: its rows, the rest
+        shapes[batch, 0] = rows[batch]
+        per = shapes.prod(axis=1)
+        if int(per.sum()) * dtype.itemsize != len(values):
+            return None
+        columns.append((np.frombuffer(values, dtype), per, shapes.astype(np.int32)))
+    names = np.array([(layout[1], layout[2]) for layout in parsed], dtype=object)
+    counted = np.bincount(np.array(rec_layout, np.int64), weights=counts,
+                          minlength=len(parsed))
+    per_version: dict[str, int] = {}
+    for layout, n in zip(parsed, counted.tolist(), strict=True):
+        per_version[layout[1]] = per_version.get(layout[1], 0) + int(n)
+    return Columns(model, min(rec_ts), (
+        bool(parts & HAS_INPUTS), bool(parts & HAS_OUTPUTS),
+        *((capture_files.PARTS[p], name, dtype) for p, name, dtype, _ in signature)),
+        given, names[of_request, 0], names[of_request, 1],
+        np.repeat(np.array(rec_ts, np.float64), counts), table["latency"].astype(np.float64),
+        np.repeat(np.array(rec_cut, np.bool_), counts), columns, per_version)
 
 
 def _requests(view: memoryview, pos: int, n: int) -> tuple[tuple, int]:
