@@ -27,6 +27,12 @@ own). In a batch record the id length counts the requests, the latency is 0, and
 the fixed part is, per request, f64 latency ms, u32 rows, u16 id length (0xFFFF: none), then
 the ids, then the layout; each tensor's first dimension is the requests' rows together, in
 order. It unpacks into one entry per request, the same as had each been offered alone.
+
+The encoder reads a regular buffer (one model and hour, the same numeric tensors in every record:
+the usual one) as columns (`columns`): one walk over the records' fixed parts, then the
+requests' tables, ids and each tensor's data joined and read once for the whole buffer, no
+Python object per request. Any other buffer is unpacked record by record (`unpack_blocks`,
+`entries`), which also says what is wrong with bytes that are not records.
 """
 
 from __future__ import annotations
@@ -122,9 +128,11 @@ def unpack(blob) -> list[tuple]:
 
 
 def unpack_blocks(blob) -> list[tuple]:
-    """A buffer of records as blocks (serving.core.capture_files.encode_blocks: a request, or
-    a batcher run's requests with their tensors joined), arrays viewing `blob` (read-only);
-    ValueError where the bytes are not records."""
+    """A buffer of records as blocks, one per record, arrays viewing `blob` (read-only);
+    ValueError where the bytes are not records. A block: (ts, ([request id or None],
+    [latency ms], [rows] or None for a request alone), model, version, role, inputs or None,
+    outputs or None, truncated, kinds: (has inputs, has outputs, (part, tensor name, dtype or
+    None for text)...)); a batcher run's tensors joined along axis 0."""
     try:
         return _unpack(memoryview(blob))
     except (struct.error, IndexError, TypeError, UnicodeDecodeError) as exc:
