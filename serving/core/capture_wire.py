@@ -284,8 +284,9 @@ def _columns(view: memoryview) -> Columns | None:  # noqa: C901 - one pass, kept
                 return None
             model, version, role, tensors = _layout(key[0], count)
             index = layouts[key] = len(parsed)
-            parsed.append((model, version, role, tensors, sum(t[4] for t in tensors),
-                           bool(flags & BATCH)))
+            starts = list(itertools.accumulate((t[4] for t in tensors), initial=0))
+            parsed.append((model, version, role, tensors, starts[-1], bool(flags & BATCH),
+                           starts))
         if parts is None:
             parts = flags & _PARTS_SEEN
         pos += layout_size
@@ -330,24 +331,13 @@ def _columns(view: memoryview) -> Columns | None:  # noqa: C901 - one pass, kept
             return None
         given: tuple | list = (raw, offsets)
     else:
-        given, pos = [], 0
-        for size in sizes.tolist():
-            if size == NO_ID:
-                given.append(None)
-                continue
-            given.append(str(raw[pos:pos + size], "utf-8", "surrogatepass"))
-            pos += size
-        if pos != len(raw):
-            return None
+        given = _ids(raw, sizes.tolist())
     columns = []
     for j, (_, _, dtype, _) in enumerate(signature):
         dims = np.array([layout[3][j][3] for layout in parsed], np.int64)  # layouts x ndim
-        size = [layout[3][j][4] for layout in parsed]
-        skip = [sum(t[4] for t in layout[3][:j]) for layout in parsed]
-        values = b"".join([view[at + skip[i]:at + skip[i] + size[i]]
+        span = [(layout[6][j], layout[6][j + 1]) for layout in parsed]  # its bytes, per layout
+        values = b"".join([view[at + span[i][0]:at + span[i][1]]
                            for at, i in zip(rec_data, rec_layout, strict=True)])
-        if len(values) % dtype.itemsize:
-            return None
         if (batched & (dims[layout_of, 0] != joined)).any():
             return None  # a batch's tensor without its requests' rows
         shapes = dims[of_request]  # a request alone: its dims; a batch's: its rows, the rest
@@ -357,8 +347,7 @@ def _columns(view: memoryview) -> Columns | None:  # noqa: C901 - one pass, kept
             return None
         columns.append((np.frombuffer(values, dtype), per, shapes.astype(np.int32)))
     names = np.array([(layout[1], layout[2]) for layout in parsed], dtype=object)
-    counted = np.bincount(np.array(rec_layout, np.int64), weights=counts,
-                          minlength=len(parsed))
+    counted = np.bincount(layout_of, weights=counts, minlength=len(parsed))
     per_version: dict[str, int] = {}
     for layout, n in zip(parsed, counted.tolist(), strict=True):
         per_version[layout[1]] = per_version.get(layout[1], 0) + int(n)
@@ -381,19 +370,32 @@ def _requests(view: memoryview, pos: int, n: int) -> tuple[tuple, int]:
     raw = bytes(view[pos:end])
     if len(raw) != end - pos:
         raise ValueError("capture record cut short in its ids")
+    return (_ids(raw, sizes), table["latency"].tolist(), table["rows"].tolist()), end
+
+
+def _ids(raw: bytes, sizes: list[int]) -> list[str | None]:
+    """Requests' ids from their bytes one after another and each one's size (NO_ID: none);
+    ValueError where the sizes do not add up to the bytes."""
     ids: list[str | None] = []
+    at = 0
     if raw.isascii():  # a character per byte: the ids are slices of one string
-        text, at = raw.decode("ascii"), 0
-        for size, length in zip(sizes, lengths, strict=True):
-            ids.append(None if size == NO_ID else text[at:at + length])
-            at += length
+        text = raw.decode("ascii")
+        for size in sizes:
+            if size == NO_ID:
+                ids.append(None)
+            else:
+                ids.append(text[at:at + size])
+                at += size
     else:
-        at = 0
-        for size, length in zip(sizes, lengths, strict=True):
-            ids.append(None if size == NO_ID else str(raw[at:at + length], "utf-8",
-                                                         "surrogatepass"))
-            at += length
-    return (ids, table["latency"].tolist(), table["rows"].tolist()), end
+        for size in sizes:
+            if size == NO_ID:
+                ids.append(None)
+            else:
+                ids.append(str(raw[at:at + size], "utf-8", "surrogatepass"))
+                at += size
+    if at != len(raw):
+        raise ValueError(f"capture record ids: {at} bytes read of {len(raw)}")
+    return ids
 
 
 def _layout(raw: bytes, count: int) -> tuple:
